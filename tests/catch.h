@@ -1,0 +1,10 @@
+// Catch2 v2 (Debian 12) / v3 (Debian 13) compatibility: include this, never Catch2 directly.
+#pragma once
+#if defined(MMPOST_CATCH3)
+#include <catch2/catch_approx.hpp>
+#include <catch2/catch_test_macros.hpp>
+#include <catch2/matchers/catch_matchers_string.hpp>
+using Catch::Approx;
+#else
+#include <catch2/catch.hpp>
+#endif
