@@ -1,7 +1,43 @@
-// Shared CLI wiring (placeholder until the stage drivers land).
+// Shared CLI wiring (see cli_common.h).
 #include "mmpost/cli_common.h"
 
 namespace mmpost::cli {
-void register_subcommands(CLI::App& app) {}
-int run_selected(CLI::App& app) { return 0; }
+namespace {
+std::vector<Stage>& stages() {
+  static std::vector<Stage> s;
+  return s;
+}
+}  // namespace
+
+void add_common_flags(CLI::App* sub, CommonArgs& a) {
+  sub->add_option("--recipe,-r", a.recipe, "JSON recipe file");
+  sub->add_option("--set,-s", a.sets, "override a recipe key: --set optim.lr=5e-5 (repeatable)")
+      ->take_all();
+  sub->add_option("--output,-o", a.output, "output folder (recipe key output_dir)");
+  sub->add_option("--device", a.device, "auto | cpu | cuda | cuda:N (recipe key device)");
+  sub->add_option("--seed", a.seed, "random seed (recipe key seed)");
+  sub->add_flag("--print-defaults", a.print_defaults,
+                "print every recipe key with its default and description, then exit");
+}
+
+std::vector<std::string> resolved_overrides(const CommonArgs& a) {
+  std::vector<std::string> out = a.sets;
+  if (!a.output.empty()) out.push_back("output_dir=\"" + a.output + "\"");
+  if (!a.device.empty()) out.push_back("device=\"" + a.device + "\"");
+  if (a.seed >= 0) out.push_back("seed=" + std::to_string(a.seed));
+  return out;
+}
+
+void register_subcommands(CLI::App& app) {
+  stages().push_back(setup_sft(app));
+  stages().push_back(setup_eval(app));
+}
+
+int run_selected(CLI::App& app) {
+  for (const auto& s : stages()) {
+    if (s.sub->parsed()) return s.run();
+  }
+  return 2;
+}
+
 }  // namespace mmpost::cli

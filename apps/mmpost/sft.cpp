@@ -1,0 +1,296 @@
+// mmpost sft: supervised fine-tuning of a LLaVA-style VLM on conversational image-text JSONL.
+// The stage is the loop: setup -> model -> data -> optimizer -> resume -> loop -> final save,
+// top to bottom (STYLE.md 1). Loss: next-token cross-entropy on assistant turns, averaged over all
+// supervised tokens of the optimizer step (so gradient accumulation equals one big batch).
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <iomanip>
+#include <sstream>
+
+#include "mmpost/algo/sft_loss.h"
+#include "mmpost/cli_common.h"
+#include "mmpost/config/recipe.h"
+#include "mmpost/config/schema.h"
+#include "mmpost/core/check.h"
+#include "mmpost/core/device.h"
+#include "mmpost/core/log.h"
+#include "mmpost/core/signals.h"
+#include "mmpost/data/collate.h"
+#include "mmpost/data/loader.h"
+#include "mmpost/io/checkpoint.h"
+#include "mmpost/io/hf_folder.h"
+#include "mmpost/io/jsonl.h"
+#include "mmpost/train/checkpointing.h"
+#include "mmpost/train/evaluate.h"
+#include "mmpost/train/optimizer.h"
+
+namespace mmpost::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string fmt(double v, int prec = 4) {
+  std::ostringstream os;
+  os << std::setprecision(prec) << v;
+  return os.str();
+}
+
+/// Freezes the named parts ("vision_tower", "projector", "language_model").
+void freeze_parts(model::Vlm& m, const std::vector<std::string>& parts) {
+  for (const auto& part : parts) {
+    torch::nn::Module* mod = nullptr;
+    if (part == "vision_tower") mod = m->vision_tower.ptr().get();
+    if (part == "projector") mod = m->multi_modal_projector.ptr().get();
+    if (part == "language_model") mod = m->language_model.ptr().get();
+    MMPOST_CHECK_USAGE(mod != nullptr, "model.freeze: unknown part \"", part, "\"");
+    for (auto& p : mod->parameters()) p.set_requires_grad(false);
+  }
+}
+
+int64_t count_params(const model::Vlm& m, bool trainable_only) {
+  int64_t n = 0;
+  for (const auto& p : m->parameters()) {
+    if (!trainable_only || p.requires_grad()) n += p.numel();
+  }
+  return n;
+}
+
+}  // namespace
+
+/// Runs SFT for a validated recipe; returns the exit code (0, or 128 + signal after a stop).
+int run_sft(const config::SftConfig& cfg, bool allow_resume) {
+  // ---- setup -------------------------------------------------------------------------------
+  install_stop_handlers();
+  if (cfg.num_threads > 0) torch::set_num_threads(static_cast<int>(cfg.num_threads));
+  const torch::Device device = resolve_device(cfg.device);
+  const torch::Dtype dtype = resolve_dtype(cfg.dtype, device);
+  seed_everything(static_cast<uint64_t>(cfg.seed));
+  const fs::path out = cfg.output_dir;
+  fs::create_directories(out);
+  const nlohmann::json recipe = config::to_json(cfg);
+  io::write_text_atomic(out / "recipe.json", recipe.dump(2) + "\n");
+  log_info("sft: resolved recipe\n" + config::format_table(config::to_rows(cfg)));
+  std::optional<fs::path> ckpt;
+  if (allow_resume) ckpt = io::latest_complete_checkpoint(out);
+
+  // ---- model -------------------------------------------------------------------------------
+  model::Vlm model{nullptr};
+  fs::path tokenizer_path = cfg.model.tokenizer;
+  data::ImageProcessorConfig image{0, cfg.data.image.resize_mode, cfg.data.image.interpolation,
+                                   cfg.data.image.image_mean, cfg.data.image.image_std};
+  if (ckpt || !cfg.model.path.empty()) {
+    fs::path src = ckpt ? *ckpt : fs::path(cfg.model.path);
+    log_info("sft: loading model from " + src.string());
+    auto p = io::load_pretrained(src);
+    model = p.model;
+    if (tokenizer_path.empty() || ckpt) tokenizer_path = p.tokenizer_path;
+    if (fs::is_regular_file(src / "preprocessor_config.json")) image = p.image;
+  } else {
+    auto vcfg = model::vlm_config_from_json(cfg.model.config);
+    model = model::build_vlm(vcfg);  // random init, seeded above
+  }
+  const auto& mcfg = model->config();
+  image.image_size = mcfg.vision_config.image_size;
+  MMPOST_CHECK_USAGE(!tokenizer_path.empty(), "model.tokenizer: no tokenizer.model found",
+                     "set model.tokenizer to a sentencepiece model");
+  data::Tokenizer tokenizer(tokenizer_path.string());
+  tokenizer.add_special_token(data::kImagePlaceholder, mcfg.image_token_index);
+  MMPOST_CHECK_USAGE(tokenizer.vocab_size() <= mcfg.text_config.vocab_size, "tokenizer ",
+                     tokenizer_path.string(), " has ", tokenizer.vocab_size(),
+                     " ids but text_config.vocab_size is ", mcfg.text_config.vocab_size);
+  freeze_parts(model, cfg.model.freeze);
+  model->to(device, dtype);
+  model->train();
+  log_info("sft: model " + std::to_string(count_params(model, false)) + " parameters, " +
+           std::to_string(count_params(model, true)) + " trainable; " + describe_device(device) +
+           ", " + dtype_name(dtype));
+
+  // ---- data --------------------------------------------------------------------------------
+  const int64_t pad_id = tokenizer.pad_id() >= 0 ? tokenizer.pad_id() : tokenizer.eos_id();
+  data::SampleContext ctx;
+  ctx.tokenizer = &tokenizer;
+  ctx.template_options = {data::parse_chat_template(cfg.data.chat_template),
+                          mcfg.image_token_index, mcfg.n_image_tokens(), false};
+  ctx.image = image;
+  ctx.base_dir = fs::path(cfg.data.train).parent_path();
+  ctx.source = cfg.data.train;
+  ctx.max_length = cfg.data.max_length;
+  data::LoaderOptions lo;
+  lo.path = cfg.data.train;
+  lo.batch_size = cfg.train.batch_size;
+  lo.num_workers = cfg.data.num_workers;
+  lo.shuffle_buffer = cfg.data.shuffle_buffer;
+  lo.prefetch = cfg.data.prefetch;
+  lo.seed = static_cast<uint64_t>(cfg.seed);
+  lo.skip_bad = cfg.data.on_bad_sample == "skip";
+  lo.repeat = true;
+  data::StreamingLoader<data::SftSample> loader(
+      lo, [&ctx](const nlohmann::json& rec, int64_t line) {
+        return data::make_sft_sample(rec, line, ctx);
+      });
+  const int64_t n_records = data::count_records(cfg.data.train);
+  const int64_t per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps;
+  const int64_t total_steps =
+      cfg.train.max_steps > 0
+          ? cfg.train.max_steps
+          : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cfg.train.epochs * n_records /
+                                                               static_cast<double>(per_step))));
+  log_info("sft: " + std::to_string(n_records) + " training records, " +
+           std::to_string(per_step) + " samples/step, " + std::to_string(total_steps) + " steps");
+
+  // ---- optimizer ---------------------------------------------------------------------------
+  auto named_items = model->named_parameters(/*recurse=*/true).items();
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  std::vector<torch::Tensor> trainable;
+  for (auto& item : named_items) {
+    named.emplace_back(item.key(), item.value());
+    if (item.value().requires_grad()) trainable.push_back(item.value());
+  }
+  auto optimizer = train::make_adamw(
+      named, {cfg.optim.lr, cfg.optim.betas[0], cfg.optim.betas[1], cfg.optim.eps,
+              cfg.optim.weight_decay});
+
+  // ---- resume ------------------------------------------------------------------------------
+  train::TrainState state;
+  if (ckpt) {
+    state = train::read_train_state(*ckpt);
+    train::load_optimizer_and_rng(*ckpt, *optimizer);
+    loader.seek(state.loader);
+    log_info("sft: resumed from " + ckpt->string() + " at step " + std::to_string(state.step));
+  }
+  auto save = [&]() {
+    state.loader = loader.cursor();
+    state.n_skipped = loader.n_skipped();
+    auto dir = train::save_checkpoint(out, state, model, tokenizer_path, image, *optimizer, recipe,
+                                      cfg.train.keep_last_n_checkpoints);
+    log_info("sft: checkpoint " + dir.string());
+  };
+  auto run_eval = [&]() {
+    if (cfg.data.eval.empty()) return;
+    train::ExactMatchOptions eo;
+    eo.max_samples = cfg.train.eval_max_samples;
+    eo.skip_bad = lo.skip_bad;
+    eo.num_workers = cfg.data.num_workers;
+    eo.show_progress = false;
+    auto r = train::evaluate_exact_match(model, ctx, cfg.data.eval, eo, device, dtype, nullptr);
+    log_info("sft: eval step " + std::to_string(state.step) + " accuracy " + fmt(r.accuracy) +
+             " (" + std::to_string(r.n_correct) + "/" + std::to_string(r.n) + ")");
+    io::JsonlWriter(out / "metrics.jsonl")
+        .write({{"step", state.step}, {"eval/accuracy", r.accuracy}, {"eval/n", r.n}});
+  };
+
+  // ---- loop --------------------------------------------------------------------------------
+  io::JsonlWriter metrics(out / "metrics.jsonl");
+  Progress progress("sft", total_steps);
+  progress.update(state.step);
+  auto t_last = std::chrono::steady_clock::now();
+  int64_t tokens_window = 0, samples_window = 0;
+  double loss_window = 0.0;
+  int64_t steps_window = 0;
+  while (state.step < total_steps) {
+    // Fetch the step's micro-batches first: the loss is normalized by all their targets.
+    std::vector<data::Batch> micro;
+    int64_t n_targets = 0, step_tokens = 0;
+    for (int64_t a = 0; a < cfg.train.gradient_accumulation_steps; ++a) {
+      auto samples = loader.next_batch();
+      MMPOST_CHECK_DATA(samples.has_value(), cfg.data.train, ": no training samples");
+      micro.push_back(data::collate(*samples, pad_id).to(device, dtype));
+      n_targets += algo::n_supervised_targets(micro.back().labels);
+      samples_window += static_cast<int64_t>(samples->size());
+      step_tokens += micro.back().n_tokens;
+    }
+    MMPOST_CHECK_DATA(n_targets > 0, "step ", state.step + 1,
+                      ": the batch has no supervised token (all labels are -100)",
+                      "\n  hint: check data.max_length and that records have assistant replies");
+    optimizer->zero_grad();
+    double step_loss = 0.0;
+    for (const auto& b : micro) {
+      auto logits = model->forward(b.input_ids, b.pixel_values, b.attention_mask);  // [B, T, V]
+      auto loss = algo::sft_loss_sum(logits, b.labels) / static_cast<double>(n_targets);
+      loss.backward();
+      step_loss += loss.item<double>();
+    }
+    MMPOST_CHECK(std::isfinite(step_loss), "step ", state.step + 1, ": loss is ", step_loss,
+                 "; stopping before the update so the last checkpoint stays valid",
+                 "\n  hint: lower optim.lr, keep train.clip_grad_norm > 0, or use dtype float32");
+    double grad_norm = train::clip_grad_norm(trainable, cfg.train.clip_grad_norm);
+    MMPOST_CHECK(std::isfinite(grad_norm), "step ", state.step + 1, ": gradient norm is ",
+                 grad_norm, "; stopping before the update",
+                 "\n  hint: lower optim.lr or use dtype float32");
+    double lr = cfg.optim.lr * train::lr_multiplier(cfg.scheduler.name, state.step,
+                                                     cfg.scheduler.warmup_steps, total_steps,
+                                                     cfg.scheduler.min_lr_ratio);
+    train::set_lr(*optimizer, lr);
+    optimizer->step();
+    ++state.step;
+    state.tokens_seen += step_tokens;
+    tokens_window += step_tokens;
+    loss_window += step_loss;
+    ++steps_window;
+
+    if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
+      auto now = std::chrono::steady_clock::now();
+      double dt = std::chrono::duration<double>(now - t_last).count();
+      double loss = loss_window / steps_window;
+      nlohmann::json m = {{"step", state.step},     {"loss", loss},
+                          {"lr", lr},               {"grad_norm", grad_norm},
+                          {"tokens_per_s", tokens_window / dt},
+                          {"samples_per_s", samples_window / dt},
+                          {"epoch", loader.cursor().epoch}, {"skipped", loader.n_skipped()}};
+      metrics.write(m);
+      progress.clear();
+      log_info("step " + std::to_string(state.step) + "/" + std::to_string(total_steps) +
+               " loss " + fmt(loss) + " lr " + fmt(lr, 3) + " grad_norm " + fmt(grad_norm, 3) +
+               " tokens/s " + fmt(tokens_window / dt, 4) + " samples/s " +
+               fmt(samples_window / dt, 4) +
+               (stderr_is_tty() ? "" : " eta " + format_duration(progress.eta_s())));
+      t_last = now;
+      tokens_window = samples_window = steps_window = 0;
+      loss_window = 0.0;
+    }
+    progress.update(state.step);
+    if (cfg.train.eval_every_n_steps > 0 && state.step % cfg.train.eval_every_n_steps == 0 &&
+        state.step < total_steps) {
+      run_eval();
+    }
+    if (cfg.train.save_every_n_steps > 0 && state.step % cfg.train.save_every_n_steps == 0 &&
+        state.step < total_steps) {
+      save();
+    }
+    if (int sig = stop_requested()) {
+      progress.finish();
+      log_warn("sft: signal " + std::to_string(sig) + " received; saving a checkpoint");
+      save();
+      return 128 + sig;
+    }
+  }
+  progress.finish();
+
+  // ---- final save --------------------------------------------------------------------------
+  save();
+  io::save_pretrained(out, model, tokenizer_path, image);
+  log_info("sft: final model written to " + out.string() + " (" +
+           std::to_string(loader.n_skipped()) + " bad samples skipped)");
+  run_eval();
+  return 0;
+}
+
+Stage setup_sft(CLI::App& app) {
+  auto* sub = app.add_subcommand("sft", "supervised fine-tuning on conversational image-text JSONL");
+  static CommonArgs args;
+  static bool no_resume = false;
+  add_common_flags(sub, args);
+  sub->add_flag("--no-resume", no_resume,
+                "start fresh even if OUTPUT has a complete checkpoint (default: resume from it)");
+  return {sub, [] {
+            if (args.print_defaults) {
+              std::cout << config::format_table(config::to_rows(config::SftConfig{}));
+              return 0;
+            }
+            auto cfg = config::load_sft_config(args.recipe, resolved_overrides(args));
+            return run_sft(cfg, !no_resume);
+          }};
+}
+
+}  // namespace mmpost::cli

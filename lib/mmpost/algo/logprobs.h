@@ -1,0 +1,25 @@
+// Token log-probabilities from logits without materializing a float32 log_softmax of the whole
+// [B, T, V] tensor: log p(y) = logit_y - logsumexp(logits), computed per row (TRL's
+// selective_log_softmax does the same).
+#pragma once
+
+#include <torch/torch.h>
+
+namespace mmpost::algo {
+
+/// Causal shift: logits [B, T, V] predict labels [B, T] one step ahead. Returns
+/// (shifted_logits [B, T-1, V] view, shifted_labels [B, T-1]).
+std::pair<torch::Tensor, torch::Tensor> shift_for_causal_lm(const torch::Tensor& logits,
+                                                            const torch::Tensor& labels);
+
+/// log p(labels) under logits: logits [..., V] (any float dtype; reduced in float32 one slice at
+/// a time), labels [...] int64 with -100 = ignored (gathers index 0, result 0 there).
+/// Returns float32 [...].
+torch::Tensor selective_log_softmax(const torch::Tensor& logits, const torch::Tensor& labels);
+
+/// Per-sequence summed log-probs of the supervised tokens: logits [B, T, V], labels [B, T]
+/// (unshifted, -100 = ignored). Returns (sum_logps [B], n_tokens [B]) in float32.
+std::pair<torch::Tensor, torch::Tensor> sequence_logps(const torch::Tensor& logits,
+                                                       const torch::Tensor& labels);
+
+}  // namespace mmpost::algo

@@ -1,0 +1,80 @@
+// Recipe loading and cross-field validation (see recipe.h).
+#include "mmpost/config/recipe.h"
+
+#include <algorithm>
+
+#include "mmpost/config/schema.h"
+
+namespace mmpost::config {
+namespace {
+void check_one_of(const std::string& path, const std::string& value,
+                  const std::vector<std::string>& valid) {
+  if (std::find(valid.begin(), valid.end(), value) != valid.end()) return;
+  std::string list;
+  for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
+  throw Error(ErrorKind::kUsage, path + ": \"" + value + "\" is not valid", "valid values: " + list);
+}
+}  // namespace
+
+void SftConfig::validate() const {
+  MMPOST_CHECK_USAGE(!model.path.empty() || model.config.is_object(),
+                     "model: set model.path (an HF-layout folder) or model.config (an inline HF "
+                     "LlavaConfig for random init)");
+  MMPOST_CHECK_USAGE(!model.path.empty() || !model.tokenizer.empty(),
+                     "model.tokenizer: required when model.path is empty");
+  for (const auto& part : model.freeze) {
+    check_one_of("model.freeze", part, {"vision_tower", "projector", "language_model"});
+  }
+  MMPOST_CHECK_USAGE(!data.train.empty(), "data.train: required (a JSONL file)");
+  check_one_of("data.chat_template", data.chat_template, {"llava"});
+  check_one_of("data.on_bad_sample", data.on_bad_sample, {"error", "skip"});
+  check_one_of("data.image.resize_mode", data.image.resize_mode,
+               {"shortest_edge_center_crop", "pad_to_square"});
+  check_one_of("data.image.interpolation", data.image.interpolation,
+               {"bicubic", "bilinear", "area", "nearest"});
+  MMPOST_CHECK_USAGE(data.image.image_mean.size() == 3, "data.image.image_mean: expected 3 values");
+  MMPOST_CHECK_USAGE(data.image.image_std.size() == 3, "data.image.image_std: expected 3 values");
+  for (double s : data.image.image_std) {
+    MMPOST_CHECK_USAGE(s > 0, "data.image.image_std: values must be > 0");
+  }
+  MMPOST_CHECK_USAGE(data.max_length > 0, "data.max_length: must be > 0");
+  MMPOST_CHECK_USAGE(data.num_workers >= 1, "data.num_workers: must be >= 1");
+  MMPOST_CHECK_USAGE(data.prefetch >= 1, "data.prefetch: must be >= 1");
+  MMPOST_CHECK_USAGE(optim.lr > 0, "optim.lr: must be > 0");
+  MMPOST_CHECK_USAGE(optim.betas.size() == 2 && optim.betas[0] >= 0 && optim.betas[0] < 1 &&
+                         optim.betas[1] >= 0 && optim.betas[1] < 1,
+                     "optim.betas: expected two values in [0, 1)");
+  MMPOST_CHECK_USAGE(optim.weight_decay >= 0, "optim.weight_decay: must be >= 0");
+  MMPOST_CHECK_USAGE(optim.eps > 0, "optim.eps: must be > 0");
+  check_one_of("scheduler.name", scheduler.name, {"cosine", "linear", "constant"});
+  MMPOST_CHECK_USAGE(scheduler.warmup_steps >= 0, "scheduler.warmup_steps: must be >= 0");
+  MMPOST_CHECK_USAGE(scheduler.min_lr_ratio >= 0 && scheduler.min_lr_ratio <= 1,
+                     "scheduler.min_lr_ratio: must be in [0, 1]");
+  MMPOST_CHECK_USAGE(train.batch_size > 0, "train.batch_size: must be > 0");
+  MMPOST_CHECK_USAGE(train.gradient_accumulation_steps > 0,
+                     "train.gradient_accumulation_steps: must be > 0");
+  MMPOST_CHECK_USAGE(train.max_steps >= 0, "train.max_steps: must be >= 0");
+  MMPOST_CHECK_USAGE(train.max_steps > 0 || train.epochs > 0,
+                     "train: set train.max_steps or train.epochs to a positive value");
+  MMPOST_CHECK_USAGE(train.clip_grad_norm >= 0, "train.clip_grad_norm: must be >= 0");
+  MMPOST_CHECK_USAGE(train.log_every_n_steps > 0, "train.log_every_n_steps: must be > 0");
+  MMPOST_CHECK_USAGE(train.save_every_n_steps >= 0, "train.save_every_n_steps: must be >= 0");
+  MMPOST_CHECK_USAGE(train.eval_every_n_steps >= 0, "train.eval_every_n_steps: must be >= 0");
+  MMPOST_CHECK_USAGE(train.keep_last_n_checkpoints >= 1,
+                     "train.keep_last_n_checkpoints: must be >= 1");
+  MMPOST_CHECK_USAGE(num_threads >= 0, "num_threads: must be >= 0");
+  check_one_of("dtype", dtype, {"auto", "float32", "bfloat16"});
+}
+
+SftConfig load_sft_config(const std::string& recipe_path, const std::vector<std::string>& sets) {
+  nlohmann::json j = recipe_path.empty() ? nlohmann::json::object() : read_json_file(recipe_path);
+  MMPOST_CHECK_USAGE(j.is_object(), recipe_path, ": a recipe must be a JSON object");
+  for (const auto& s : sets) apply_override(j, s);
+  std::string source = recipe_path.empty() ? "recipe" : recipe_path;
+  if (!sets.empty()) source += " (with --set)";
+  SftConfig cfg = from_json<SftConfig>(j, source);
+  cfg.validate();
+  return cfg;
+}
+
+}  // namespace mmpost::config

@@ -1,0 +1,29 @@
+// Device and dtype resolution from recipe strings, and seeding. Device-agnostic by design:
+// "auto" picks CUDA when this LibTorch build sees a GPU, else the CPU; nothing assumes either.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <string>
+
+namespace mmpost {
+
+/// Parses "auto" | "cpu" | "cuda" | "cuda:N". Throws mmpost::Error (kUsage) for other strings,
+/// and for "cuda" when this LibTorch has no CUDA device (with a hint naming the fix).
+torch::Device resolve_device(const std::string& spec);
+
+/// Parses "float32" | "bfloat16" | "float16" ("auto" = bfloat16 on CUDA devices that support it,
+/// float32 otherwise). Throws mmpost::Error (kUsage) naming the valid values.
+torch::Dtype resolve_dtype(const std::string& spec, const torch::Device& device);
+
+/// Lower-case name of a dtype as written in configs ("float32", "bfloat16", ...).
+std::string dtype_name(torch::Dtype dtype);
+
+/// Seeds torch's CPU and CUDA generators.
+void seed_everything(uint64_t seed);
+
+/// Number of intra-op threads (torch::get_num_threads) as a string for logs.
+std::string describe_device(const torch::Device& device);
+
+}  // namespace mmpost

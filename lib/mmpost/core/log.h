@@ -1,0 +1,52 @@
+// Logging to stderr (stdout is reserved for machine-readable results) and a progress display:
+// a redrawn bar with ETA when stderr is a TTY, plain periodic log lines in batch jobs (Slurm).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace mmpost {
+
+/// Writes "[mmpost HH:MM:SS] msg" to stderr; thread-safe; rank > 0 stays quiet unless `all_ranks`.
+void log_info(const std::string& msg);
+/// Same with a "warning: " prefix.
+void log_warn(const std::string& msg);
+/// Sets the distributed rank used to silence non-zero ranks (default 0).
+void set_log_rank(int rank);
+/// True when stderr is a terminal (progress bars are drawn only then).
+bool stderr_is_tty();
+
+/// Progress over `total` units of work. On a TTY redraws one line with a bar, rate and ETA;
+/// otherwise prints nothing itself (the caller's periodic log lines are the batch-job progress).
+class Progress {
+ public:
+  Progress(std::string label, int64_t total);
+  ~Progress();
+  Progress(const Progress&) = delete;
+  Progress& operator=(const Progress&) = delete;
+  /// Sets the absolute position and a short status suffix (e.g. "loss 0.412").
+  void update(int64_t done, const std::string& status = "");
+  /// Clears the bar line (call before printing a log line while a bar is shown).
+  void clear();
+  /// Finishes the bar (prints a final newline on a TTY).
+  void finish();
+  /// Seconds since construction.
+  double elapsed_s() const;
+  /// Estimated seconds left from the average rate so far (0 when unknown).
+  double eta_s() const;
+
+ private:
+  std::string label_;
+  int64_t total_;
+  int64_t done_ = 0;
+  bool tty_;
+  bool drawn_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point last_draw_;
+};
+
+/// Formats seconds as "1h02m", "3m05s" or "12.3s".
+std::string format_duration(double seconds);
+
+}  // namespace mmpost

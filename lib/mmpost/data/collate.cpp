@@ -1,0 +1,82 @@
+// Batch collation (see collate.h).
+#include "mmpost/data/collate.h"
+
+#include <stdexcept>
+
+namespace mmpost::data {
+namespace {
+Batch pad_rows(const std::vector<std::vector<int64_t>>& ids,
+               const std::vector<std::vector<int64_t>>& labels, int64_t pad_id, bool left_pad) {
+  const int64_t b = static_cast<int64_t>(ids.size());
+  int64_t t = 0;
+  for (const auto& r : ids) t = std::max<int64_t>(t, r.size());
+  Batch out;
+  out.input_ids = torch::full({b, t}, pad_id, torch::kInt64);
+  out.attention_mask = torch::zeros({b, t}, torch::kInt64);
+  out.labels = torch::full({b, t}, -100, torch::kInt64);
+  auto ids_a = out.input_ids.accessor<int64_t, 2>();
+  auto mask_a = out.attention_mask.accessor<int64_t, 2>();
+  auto lab_a = out.labels.accessor<int64_t, 2>();
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t n = static_cast<int64_t>(ids[i].size());
+    const int64_t off = left_pad ? t - n : 0;
+    for (int64_t j = 0; j < n; ++j) {
+      ids_a[i][off + j] = ids[i][j];
+      mask_a[i][off + j] = 1;
+      if (j < static_cast<int64_t>(labels[i].size())) {
+        lab_a[i][off + j] = labels[i][j];
+        if (labels[i][j] != -100) ++out.n_supervised;
+      }
+    }
+    out.n_tokens += n;
+  }
+  return out;
+}
+
+torch::Tensor stack_images(const std::vector<SftSample>& samples) {
+  std::vector<torch::Tensor> pix;
+  for (const auto& s : samples) {
+    if (s.pixel_values.defined() && s.pixel_values.size(0) > 0) pix.push_back(s.pixel_values);
+  }
+  return pix.empty() ? torch::Tensor() : torch::cat(pix, /*dim=*/0);
+}
+}  // namespace
+
+Batch Batch::to(const torch::Device& device, torch::Dtype pixel_dtype) const {
+  Batch b = *this;
+  b.input_ids = input_ids.to(device);
+  b.attention_mask = attention_mask.to(device);
+  b.labels = labels.to(device);
+  if (pixel_values.defined()) b.pixel_values = pixel_values.to(device, pixel_dtype);
+  return b;
+}
+
+Batch collate(const std::vector<SftSample>& samples, int64_t pad_id, bool left_pad) {
+  if (samples.empty()) throw std::invalid_argument("collate: no samples");
+  std::vector<std::vector<int64_t>> ids, labels;
+  for (const auto& s : samples) {
+    ids.push_back(s.input_ids);
+    labels.push_back(s.labels);
+  }
+  Batch out = pad_rows(ids, labels, pad_id, left_pad);
+  out.pixel_values = stack_images(samples);
+  for (const auto& s : samples) out.ids.push_back(s.id);
+  return out;
+}
+
+Batch collate_prompts(const std::vector<SftSample>& samples, int64_t pad_id) {
+  if (samples.empty()) throw std::invalid_argument("collate_prompts: no samples");
+  std::vector<std::vector<int64_t>> ids, labels;
+  for (const auto& s : samples) {
+    size_t k = 0;
+    while (k < s.labels.size() && s.labels[k] == -100) ++k;
+    ids.emplace_back(s.input_ids.begin(), s.input_ids.begin() + k);
+    labels.emplace_back();
+  }
+  Batch out = pad_rows(ids, labels, pad_id, /*left_pad=*/true);
+  out.pixel_values = stack_images(samples);
+  for (const auto& s : samples) out.ids.push_back(s.id);
+  return out;
+}
+
+}  // namespace mmpost::data

@@ -1,0 +1,36 @@
+// Collation: samples -> padded batch tensors (right padding for training, left for generation),
+// labels padded with -100, images stacked in sample order.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+#include "mmpost/data/sft_dataset.h"
+
+namespace mmpost::data {
+
+/// A training/eval batch. All tensors on CPU until moved with to().
+struct Batch {
+  torch::Tensor input_ids;       // [B, T] int64, padded with pad_id
+  torch::Tensor attention_mask;  // [B, T] int64, 1 = token, 0 = padding
+  torch::Tensor labels;          // [B, T] int64, -100 on padding and unsupervised tokens
+  torch::Tensor pixel_values;    // [N, 3, H, W] float32, images of all samples in order; may be undefined
+  std::vector<std::string> ids;  // sample ids
+  int64_t n_supervised = 0;      // labels != -100 (before the causal shift)
+  int64_t n_tokens = 0;          // attention_mask.sum()
+
+  /// Copies the tensors to `device` (pixel_values also cast to `pixel_dtype`).
+  Batch to(const torch::Device& device, torch::Dtype pixel_dtype = torch::kFloat32) const;
+};
+
+/// Pads samples to the longest one. `left_pad` puts padding first (for batched generation).
+/// Throws std::invalid_argument on an empty sample list.
+Batch collate(const std::vector<SftSample>& samples, int64_t pad_id, bool left_pad = false);
+
+/// Collates only the prompt part: each sample's ids up to (excluding) its first supervised
+/// token, left padded; for eval/generation. Labels hold the full reference ids.
+Batch collate_prompts(const std::vector<SftSample>& samples, int64_t pad_id);
+
+}  // namespace mmpost::data

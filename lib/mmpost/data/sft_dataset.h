@@ -1,0 +1,58 @@
+// SFT samples from TRL conversational JSONL: {"id", "images": [...], "messages": [...]}. One
+// record -> input_ids, labels and pixel_values; every problem is an Error(kData) naming
+// FILE:LINE (the physical line), which the loader turns into a counted skip or a hard error.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "mmpost/data/chat_template.h"
+#include "mmpost/data/image.h"
+#include "mmpost/data/tokenizer.h"
+
+namespace mmpost::data {
+
+/// One preprocessed sample.
+struct SftSample {
+  std::string id;
+  int64_t line = 0;                  // physical line in the JSONL file (1-based)
+  std::vector<int64_t> input_ids;    // [T]
+  std::vector<int64_t> labels;       // [T], kIgnoreIndex where unsupervised
+  torch::Tensor pixel_values;        // [N, 3, H, W] float32, N = images (undefined when N = 0)
+  std::vector<Message> messages;     // the parsed conversation
+  std::string reference;             // prompt_only: the final assistant reply (eval target)
+};
+
+/// Everything needed to turn a record into a sample.
+struct SampleContext {
+  const Tokenizer* tokenizer = nullptr;
+  TemplateOptions template_options;
+  ImageProcessorConfig image;
+  std::filesystem::path base_dir;    // image paths resolve relative to the JSONL's folder
+  std::string source;                // JSONL path, for error messages
+  int64_t max_length = 512;
+  bool load_images = true;           // false: count/validate only (tests, inspect)
+};
+
+/// Parses "messages" (string content, or HF content lists of {"type": "text"|"image"}).
+/// Throws Error(kData) "SOURCE:LINE: messages[i].role: ..." etc.
+std::vector<Message> parse_messages(const nlohmann::json& messages, const std::string& where);
+
+/// Record -> SftSample. Validates the schema, that the number of "<image>" placeholders equals
+/// len(images), that at least one assistant turn exists, that images decode, and truncates to
+/// max_length without cutting image tokens or every supervised token (else an Error(kData)).
+/// prompt_only (eval/generation): the final assistant turn becomes `reference`, the ids are the
+/// preceding turns plus the generation prompt ("ASSISTANT:"), labels all kIgnoreIndex.
+SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const SampleContext& ctx,
+                          bool prompt_only = false);
+
+/// Truncates ids/labels to max_length; returns false (leaving them untouched) when that would cut
+/// an image token or leave no supervised label.
+bool truncate_sample(std::vector<int64_t>& input_ids, std::vector<int64_t>& labels,
+                     int64_t max_length, int64_t image_token_id);
+
+}  // namespace mmpost::data

@@ -1,0 +1,63 @@
+// Sentencepiece tokenizer with the special tokens a VLM chat template needs. Special tokens that
+// live outside the sentencepiece model (HF "added tokens" such as LLaVA's <image> = 32000) are
+// split out of the text before encoding, so both project-trained and HF tokenizers work.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace mmpost::data {
+
+/// Wraps sentencepiece::SentencePieceProcessor (libsentencepiece). Thread-safe for encode/decode.
+class Tokenizer {
+ public:
+  /// Loads a tokenizer.model. Throws Error(kUsage) naming the path if it cannot be read.
+  explicit Tokenizer(const std::string& model_path);
+  ~Tokenizer();
+
+  /// Registers a special token (e.g. "<image>") with a fixed id; if the sentencepiece model
+  /// already has the piece, its own id must match (else Error(kUsage)).
+  void add_special_token(const std::string& text, int64_t id);
+
+  /// Encodes text. Registered special tokens in `text` become their ids. With
+  /// `add_dummy_prefix == false` the leading "▁" sentencepiece would add is suppressed (for text
+  /// that continues a sequence, as transformers' LlamaTokenizer legacy=False does). No BOS/EOS.
+  std::vector<int64_t> encode(const std::string& text, bool add_dummy_prefix = true) const;
+
+  /// Decodes ids to text; special control ids (BOS/EOS/PAD) are dropped, registered special
+  /// tokens print as their text.
+  std::string decode(const std::vector<int64_t>& ids) const;
+
+  /// The piece string of one id (for debugging and `inspect`).
+  std::string id_to_piece(int64_t id) const;
+  /// Id of a piece, or -1.
+  int64_t piece_to_id(const std::string& piece) const;
+
+  int64_t vocab_size() const;  // sentencepiece pieces plus registered specials beyond them
+  int64_t bos_id() const { return bos_id_; }
+  int64_t eos_id() const { return eos_id_; }
+  int64_t pad_id() const { return pad_id_; }
+  int64_t unk_id() const { return unk_id_; }
+  /// Overrides the pad id (HF checkpoints often define <pad> as an added token).
+  void set_pad_id(int64_t id) { pad_id_ = id; }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::vector<int64_t> encode_plain(const std::string& text, bool add_dummy_prefix) const;
+
+  std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::string path_;
+  std::map<std::string, int64_t> specials_;  // text -> id
+  std::map<int64_t, std::string> special_text_;
+  int64_t bos_id_ = 1, eos_id_ = 2, pad_id_ = -1, unk_id_ = 0;
+  int64_t n_unk_pieces_ = 0;  // pieces that encode("<unk>") yields (for prefix suppression)
+};
+
+}  // namespace mmpost::data

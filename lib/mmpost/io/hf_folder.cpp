@@ -1,0 +1,85 @@
+// HF model folder load/save (see hf_folder.h).
+#include "mmpost/io/hf_folder.h"
+
+#include <fstream>
+
+#include "mmpost/core/check.h"
+#include "mmpost/io/checkpoint.h"
+#include "mmpost/io/safetensors.h"
+#include "mmpost/model/hf.h"
+
+namespace mmpost::io {
+namespace fs = std::filesystem;
+
+Pretrained load_pretrained(const fs::path& dir) {
+  MMPOST_CHECK_USAGE(fs::is_directory(dir), dir.string(), ": model folder not found");
+  fs::path cfg_path = dir / "config.json";
+  MMPOST_CHECK_USAGE(fs::is_regular_file(cfg_path), cfg_path.string(), ": missing",
+                     "a model folder holds config.json, model.safetensors and tokenizer.model");
+  nlohmann::json j;
+  {
+    std::ifstream in(cfg_path);
+    try {
+      j = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw Error(ErrorKind::kUsage, cfg_path.string() + ": invalid JSON: " + e.what());
+    }
+  }
+  Pretrained p;
+  try {
+    p.config = model::vlm_config_from_json(j);
+  } catch (const Error& e) {
+    throw Error(e.kind(), cfg_path.string() + ": " + e.message(), e.hint());
+  }
+  p.model = model::build_vlm(p.config);
+  auto tensors = load_safetensors(dir);
+  model::load_hf_weights(*p.model, tensors, dir.string());
+  if (fs::is_regular_file(dir / "tokenizer.model")) p.tokenizer_path = dir / "tokenizer.model";
+  p.image.image_size = p.config.vision_config.image_size;
+  if (fs::is_regular_file(dir / "preprocessor_config.json")) {
+    p.image = data::read_preprocessor_config((dir / "preprocessor_config.json").string(), p.image);
+  }
+  return p;
+}
+
+void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tokenizer_path,
+                     const data::ImageProcessorConfig& image, torch::Dtype save_dtype,
+                     int64_t max_shard_bytes) {
+  fs::create_directories(dir);
+  auto tensors = model::hf_state_dict(*model);
+  uint64_t bytes = 0;
+  for (auto& [name, t] : tensors) {
+    if (t.is_floating_point()) t = t.to(save_dtype);
+    bytes += t.numel() * t.element_size();
+  }
+  check_free_space(dir, bytes + (bytes / 10) + (1 << 20));
+  nlohmann::json cfg = model::vlm_config_to_json(model->config());
+  cfg["torch_dtype"] = save_dtype == torch::kBFloat16 ? "bfloat16"
+                       : save_dtype == torch::kFloat16 ? "float16" : "float32";
+  write_text_atomic(dir / "config.json", cfg.dump(2) + "\n");
+  save_safetensors_sharded(dir, tensors, max_shard_bytes);
+  const auto& tc = model->config().text_config;
+  if (!tokenizer_path.empty()) {
+    std::ifstream in(tokenizer_path, std::ios::binary);
+    MMPOST_CHECK(in.good(), tokenizer_path.string(), ": cannot read tokenizer");
+    std::string bytes_tok((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (fs::absolute(tokenizer_path) != fs::absolute(dir / "tokenizer.model")) {
+      write_text_atomic(dir / "tokenizer.model", bytes_tok);
+    }
+    nlohmann::json special = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}};
+    if (tc.pad_token_id) special["pad_token"] = "<pad>";
+    nlohmann::json tok_cfg = {
+        {"tokenizer_class", "LlamaTokenizer"}, {"add_bos_token", true}, {"add_eos_token", false},
+        {"legacy", false}, {"model_max_length", tc.max_position_embeddings},
+        {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"},
+        {"image_token", "<image>"}, {"processor_class", "LlavaProcessor"},
+        {"padding_side", "left"}, {"mmpost_chat_template", "llava"}};
+    if (tc.pad_token_id) tok_cfg["pad_token"] = "<pad>";
+    write_text_atomic(dir / "tokenizer_config.json", tok_cfg.dump(2) + "\n");
+    write_text_atomic(dir / "special_tokens_map.json", special.dump(2) + "\n");
+  }
+  write_text_atomic(dir / "preprocessor_config.json",
+                    data::preprocessor_config_json(image).dump(2) + "\n");
+}
+
+}  // namespace mmpost::io

@@ -1,0 +1,37 @@
+// Hugging Face model folders: config.json + model.safetensors (or shards + index) +
+// tokenizer.model + tokenizer_config.json/special_tokens_map.json + preprocessor_config.json.
+// The one place that assembles a loadable model, tokenizer path and image settings from a folder,
+// and writes them back so transformers, vLLM and mmpost all read the result.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+#include "mmpost/data/image.h"
+#include "mmpost/model/vlm.h"
+
+namespace mmpost::io {
+
+/// A model folder, loaded.
+struct Pretrained {
+  model::VlmConfig config;
+  model::Vlm model{nullptr};
+  std::filesystem::path tokenizer_path;  // empty when the folder has no tokenizer.model
+  data::ImageProcessorConfig image;      // from preprocessor_config.json (else defaults)
+};
+
+/// Loads DIR: config.json (HF names), weights (safetensors, both LLaVA name layouts), tokenizer
+/// and preprocessor settings; the model is float32 on the CPU. Throws Error(kUsage) for a missing
+/// folder or config, Error(kRuntime) for weight problems (missing/unexpected/shape, listed).
+Pretrained load_pretrained(const std::filesystem::path& dir);
+
+/// Writes a model folder (atomic files): config.json, model.safetensors (float32 unless
+/// `save_dtype` says otherwise; sharded above max_shard_bytes), tokenizer.model copied from
+/// `tokenizer_path`, tokenizer_config.json, special_tokens_map.json, preprocessor_config.json.
+void save_pretrained(const std::filesystem::path& dir, model::Vlm& model,
+                     const std::filesystem::path& tokenizer_path,
+                     const data::ImageProcessorConfig& image,
+                     torch::Dtype save_dtype = torch::kFloat32,
+                     int64_t max_shard_bytes = int64_t{5} << 30);
+
+}  // namespace mmpost::io

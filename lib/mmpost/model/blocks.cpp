@@ -1,0 +1,152 @@
+// Transformer building blocks shared by the Llama text model (see blocks.h). Attention runs through
+// torch's scaled_dot_product_attention with an additive mask, so CUDA picks a fused kernel where
+// one applies and the CPU path stays exact.
+#include "mmpost/model/blocks.h"
+
+#include "mmpost/core/check.h"
+
+namespace mmpost::model {
+
+Activation activation_from_name(const std::string& name) {
+  if (name == "silu") return Activation::kSilu;
+  if (name == "gelu") return Activation::kGelu;
+  if (name == "gelu_pytorch_tanh") return Activation::kGeluTanh;
+  if (name == "quick_gelu") return Activation::kQuickGelu;
+  throw Error(ErrorKind::kUsage, "unsupported activation \"" + name +
+                                     "\" (supported: silu, gelu, gelu_pytorch_tanh, quick_gelu)");
+}
+
+torch::Tensor apply_activation(const torch::Tensor& x, Activation act) {
+  switch (act) {
+    case Activation::kSilu: return torch::silu(x);
+    case Activation::kGelu: return torch::gelu(x, /*approximate=*/"none");
+    case Activation::kGeluTanh: return torch::gelu(x, /*approximate=*/"tanh");
+    case Activation::kQuickGelu: return x * torch::sigmoid(1.702 * x);  // HF QuickGELUActivation
+  }
+  TORCH_CHECK(false, "unreachable activation");
+}
+
+RmsNormImpl::RmsNormImpl(int64_t hidden_size, double eps) : eps_(eps) {
+  weight = register_parameter("weight", torch::ones({hidden_size}));
+}
+
+torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
+  auto h = x.to(torch::kFloat32);
+  auto variance = h.pow(2).mean(/*dim=*/-1, /*keepdim=*/true);
+  h = h * torch::rsqrt(variance + eps_);
+  return weight * h.to(x.scalar_type());
+}
+
+std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& position_ids,
+                                                      int64_t head_dim, double theta,
+                                                      torch::ScalarType dtype) {
+  auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(position_ids.device());
+  // HF: inv_freq = 1 / base^(arange(0, D, 2) / D), computed in float32.
+  auto inv_freq =
+      1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, fopts.dtype(torch::kInt64))
+                                  .to(torch::kFloat32) / static_cast<double>(head_dim));
+  auto freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [B, T, D/2]
+  auto emb = torch::cat({freqs, freqs}, /*dim=*/-1);                       // [B, T, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
+                         const torch::Tensor& sin) {
+  const int64_t half = x.size(-1) / 2;
+  auto x1 = x.narrow(/*dim=*/-1, /*start=*/0, half);
+  auto x2 = x.narrow(/*dim=*/-1, /*start=*/half, half);
+  auto rotated = torch::cat({-x2, x1}, /*dim=*/-1);
+  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
+}
+
+namespace {
+// The dtype's most negative finite value (HF uses torch.finfo(dtype).min for masked logits).
+double lowest_value(torch::ScalarType dtype) {
+  switch (dtype) {
+    case torch::kFloat64: return std::numeric_limits<double>::lowest();
+    case torch::kBFloat16: return static_cast<double>(std::numeric_limits<c10::BFloat16>::lowest());
+    case torch::kFloat16: return static_cast<double>(std::numeric_limits<c10::Half>::lowest());
+    default: return static_cast<double>(std::numeric_limits<float>::lowest());
+  }
+}
+}  // namespace
+
+torch::Tensor causal_bias(const torch::Tensor& attention_mask, int64_t n_new,
+                          torch::ScalarType dtype) {
+  const int64_t n_total = attention_mask.size(1);
+  const int64_t n_past = n_total - n_new;
+  TORCH_CHECK(n_past >= 0, "attention_mask has ", n_total, " columns, fewer than the ", n_new,
+              " new tokens");
+  auto opts = torch::TensorOptions().dtype(torch::kInt64).device(attention_mask.device());
+  auto q_pos = torch::arange(n_past, n_total, opts).unsqueeze(1);  // [T, 1]
+  auto k_pos = torch::arange(0, n_total, opts).unsqueeze(0);       // [1, S + T]
+  auto allowed = (k_pos <= q_pos).unsqueeze(0) & attention_mask.to(torch::kBool).unsqueeze(1);
+  auto bias = torch::zeros(allowed.sizes(), opts.dtype(dtype));
+  return bias.masked_fill_(allowed.logical_not(), lowest_value(dtype)).unsqueeze(1);  // [B,1,T,S+T]
+}
+
+AttentionImpl::AttentionImpl(int64_t hidden_size, int64_t n_heads, int64_t n_kv_heads,
+                             int64_t head_dim)
+    : n_heads_(n_heads), n_kv_heads_(n_kv_heads), head_dim_(head_dim) {
+  auto linear = [](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  q_proj = register_module("q_proj", linear(hidden_size, n_heads * head_dim));
+  k_proj = register_module("k_proj", linear(hidden_size, n_kv_heads * head_dim));
+  v_proj = register_module("v_proj", linear(hidden_size, n_kv_heads * head_dim));
+  o_proj = register_module("o_proj", linear(n_heads * head_dim, hidden_size));
+}
+
+torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,
+                                     const torch::Tensor& sin, const torch::Tensor& bias,
+                                     KVCache* cache, int64_t layer) {
+  const int64_t B = x.size(0), T = x.size(1);
+  auto q = q_proj(x).view({B, T, n_heads_, head_dim_}).transpose(1, 2);     // [B, H, T, D]
+  auto k = k_proj(x).view({B, T, n_kv_heads_, head_dim_}).transpose(1, 2);  // [B, Hkv, T, D]
+  auto v = v_proj(x).view({B, T, n_kv_heads_, head_dim_}).transpose(1, 2);
+  q = apply_rope(q, cos, sin);
+  k = apply_rope(k, cos, sin);
+  if (cache != nullptr) {
+    if (static_cast<int64_t>(cache->keys.size()) <= layer) {
+      cache->keys.resize(layer + 1);
+      cache->values.resize(layer + 1);
+    }
+    auto& ck = cache->keys[layer];
+    auto& cv = cache->values[layer];
+    ck = ck.defined() ? torch::cat({ck, k}, /*dim=*/2) : k;
+    cv = cv.defined() ? torch::cat({cv, v}, /*dim=*/2) : v;
+    k = ck;
+    v = cv;
+  }
+  const int64_t n_rep = n_heads_ / n_kv_heads_;
+  if (n_rep > 1) {  // HF repeat_kv: kv head h serves query heads h*n_rep .. h*n_rep+n_rep-1
+    const int64_t S = k.size(2);
+    auto repeat = [&](const torch::Tensor& t) {
+      return t.unsqueeze(2)
+          .expand({B, n_kv_heads_, n_rep, S, head_dim_})
+          .reshape({B, n_heads_, S, head_dim_});
+    };
+    k = repeat(k);
+    v = repeat(v);
+  }
+  auto out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/bias, /*dropout_p=*/0.0,
+                                              /*is_causal=*/false);            // [B, H, T, D]
+  out = out.transpose(1, 2).reshape({B, T, n_heads_ * head_dim_});
+  return o_proj(out);
+}
+
+SwiGluMlpImpl::SwiGluMlpImpl(int64_t hidden_size, int64_t intermediate_size, Activation act)
+    : act_(act) {
+  auto linear = [](int64_t in, int64_t out) {
+    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+  };
+  gate_proj = register_module("gate_proj", linear(hidden_size, intermediate_size));
+  up_proj = register_module("up_proj", linear(hidden_size, intermediate_size));
+  down_proj = register_module("down_proj", linear(intermediate_size, hidden_size));
+}
+
+torch::Tensor SwiGluMlpImpl::forward(const torch::Tensor& x) {
+  return down_proj(apply_activation(gate_proj(x), act_) * up_proj(x));
+}
+
+}  // namespace mmpost::model

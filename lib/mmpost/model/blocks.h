@@ -1,0 +1,96 @@
+// Shared transformer blocks for the Llama text model: RMSNorm, rotary position embedding, attention
+// with grouped-query heads and a KV cache, the SwiGLU MLP, and the activations HF configs name.
+// Numerics follow transformers' LlamaRMSNorm / LlamaRotaryEmbedding / LlamaAttention / LlamaMLP.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+namespace mmpost::model {
+
+/// Activations by their HF `hidden_act` name.
+enum class Activation { kSilu, kGelu, kGeluTanh, kQuickGelu };
+
+/// "silu", "gelu" (exact erf), "gelu_pytorch_tanh", "quick_gelu" (x * sigmoid(1.702 x)).
+/// Throws mmpost::Error (kUsage) for other names, listing the supported ones.
+Activation activation_from_name(const std::string& name);
+
+/// Applies `act` elementwise (HF ACT2FN); any shape and floating dtype.
+torch::Tensor apply_activation(const torch::Tensor& x, Activation act);
+
+/// Root-mean-square norm (HF LlamaRMSNorm): x / sqrt(mean(x^2) + eps) computed in float32, cast
+/// back to the input dtype, then scaled by `weight` [C].
+class RmsNormImpl : public torch::nn::Module {
+ public:
+  RmsNormImpl(int64_t hidden_size, double eps);
+  /// x: [..., C] -> [..., C], same dtype as x (times weight's promotion, as in HF).
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::Tensor weight;
+
+ private:
+  double eps_;
+};
+TORCH_MODULE(RmsNorm);
+
+/// Rotary tables for `position_ids` [B, T] (int64): returns {cos, sin}, each [B, T, D] in `dtype`,
+/// angles position * theta^(-2i/D) computed in float32, duplicated over both halves
+/// (HF LlamaRotaryEmbedding, rope_type "default").
+std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& position_ids,
+                                                      int64_t head_dim, double theta,
+                                                      torch::ScalarType dtype);
+
+/// x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1) (HF apply_rotary_pos_emb).
+/// x: [B, H, T, D]; cos, sin: [B, T, D].
+torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
+                         const torch::Tensor& sin);
+
+/// Keys and values of past tokens, one entry per decoder layer, each [B, H_kv, S, D].
+/// Grows by concatenation; `reset()` empties it. The caller passes the attention mask of all
+/// S + T tokens to the model (HF convention).
+struct KVCache {
+  std::vector<torch::Tensor> keys;
+  std::vector<torch::Tensor> values;
+  /// Tokens cached so far (S), 0 when empty.
+  int64_t seq_len() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
+  void reset() { keys.clear(); values.clear(); }
+};
+
+/// Causal self-attention with grouped-query heads (HF LlamaAttention, no biases):
+/// q_proj, k_proj, v_proj, o_proj.
+class AttentionImpl : public torch::nn::Module {
+ public:
+  AttentionImpl(int64_t hidden_size, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
+  /// x: [B, T, C]; cos, sin: [B, T, D]; bias: additive mask [B, 1, T, S + T] in x's dtype
+  /// (0 = attend, large negative = masked). With `cache`, appends this call's keys/values to
+  /// `cache->keys[layer]` / `values[layer]` and attends over all of them. Returns [B, T, C].
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
+                        const torch::Tensor& bias, KVCache* cache, int64_t layer);
+  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+
+ private:
+  int64_t n_heads_, n_kv_heads_, head_dim_;
+};
+TORCH_MODULE(Attention);
+
+/// down_proj(act(gate_proj(x)) * up_proj(x)) (HF LlamaMLP, no biases). x: [B, T, C] -> [B, T, C].
+class SwiGluMlpImpl : public torch::nn::Module {
+ public:
+  SwiGluMlpImpl(int64_t hidden_size, int64_t intermediate_size, Activation act);
+  torch::Tensor forward(const torch::Tensor& x);
+  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+
+ private:
+  Activation act_;
+};
+TORCH_MODULE(SwiGluMlp);
+
+/// Additive attention bias [B, 1, T, S + T] in `dtype` for T new queries after S cached tokens:
+/// query t sees key s iff s <= S + t and attention_mask[b, s] == 1. Masked entries hold the
+/// dtype's lowest value (finite, so fully padded rows stay NaN-free, as in HF).
+/// attention_mask: [B, S + T] (int or bool, 1 = keep).
+torch::Tensor causal_bias(const torch::Tensor& attention_mask, int64_t n_new,
+                          torch::ScalarType dtype);
+
+}  // namespace mmpost::model

@@ -1,0 +1,245 @@
+// LLaVA config.json <-> VlmConfig. Field names and defaults follow transformers' LlavaConfig,
+// CLIPVisionConfig and LlamaConfig; keys HF writes that do not change the math (initializer_range,
+// use_cache, ...) are ignored on read, and anything we do not implement is refused by name.
+#include "mmpost/model/config.h"
+
+#include "mmpost/core/check.h"
+
+#include <algorithm>
+
+namespace mmpost::model {
+namespace {
+
+using nlohmann::json;
+
+const std::vector<std::string> kSupportedActs = {"silu", "gelu", "gelu_pytorch_tanh", "quick_gelu"};
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// Reads j[key] as T when present and not null; a wrong type names the JSON path.
+template <typename T>
+void read(const json& j, const std::string& key, const std::string& path, T& out) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return;
+  try {
+    out = it->get<T>();
+  } catch (const json::exception&) {
+    throw Error(ErrorKind::kUsage, "config.json: " + path + key + ": expected " +
+                                       (std::is_same_v<T, std::string> ? "a string"
+                                        : std::is_same_v<T, bool>      ? "a boolean"
+                                                                       : "a number") +
+                                       ", got " + it->dump());
+  }
+}
+
+void check_act(const std::string& act, const std::string& field) {
+  MMPOST_CHECK_USAGE(std::find(kSupportedActs.begin(), kSupportedActs.end(), act) !=
+                         kSupportedActs.end(),
+                     "config.json: ", field, ": unsupported \"", act,
+                     "\" (supported: ", joined(kSupportedActs), ")");
+}
+
+void check_model_type(const json& j, const std::string& field, const std::string& expected) {
+  auto it = j.find("model_type");
+  if (it == j.end()) return;
+  MMPOST_CHECK_USAGE(it->is_string() && it->get<std::string>() == expected, "config.json: ", field,
+                     ".model_type: unsupported ", it->dump(), " (supported: ", expected, ")");
+}
+
+VisionConfig vision_from_json(const json& j) {
+  const std::string p = "vision_config.";
+  MMPOST_CHECK_USAGE(j.is_object(), "config.json: vision_config: expected an object");
+  check_model_type(j, "vision_config", "clip_vision_model");
+  VisionConfig v;
+  read(j, "hidden_size", p, v.hidden_size);
+  read(j, "intermediate_size", p, v.intermediate_size);
+  read(j, "num_hidden_layers", p, v.num_hidden_layers);
+  read(j, "num_attention_heads", p, v.num_attention_heads);
+  read(j, "num_channels", p, v.num_channels);
+  read(j, "image_size", p, v.image_size);
+  read(j, "patch_size", p, v.patch_size);
+  read(j, "hidden_act", p, v.hidden_act);
+  read(j, "layer_norm_eps", p, v.layer_norm_eps);
+  read(j, "projection_dim", p, v.projection_dim);
+  return v;
+}
+
+TextConfig text_from_json(const json& j) {
+  const std::string p = "text_config.";
+  MMPOST_CHECK_USAGE(j.is_object(), "config.json: text_config: expected an object");
+  check_model_type(j, "text_config", "llama");
+  TextConfig t;
+  read(j, "vocab_size", p, t.vocab_size);
+  read(j, "hidden_size", p, t.hidden_size);
+  read(j, "intermediate_size", p, t.intermediate_size);
+  read(j, "num_hidden_layers", p, t.num_hidden_layers);
+  read(j, "num_attention_heads", p, t.num_attention_heads);
+  t.num_key_value_heads = t.num_attention_heads;
+  read(j, "num_key_value_heads", p, t.num_key_value_heads);
+  MMPOST_CHECK_USAGE(t.num_attention_heads > 0, "config.json: text_config.num_attention_heads: ",
+                     "must be positive, got ", t.num_attention_heads);
+  t.head_dim = t.hidden_size / t.num_attention_heads;
+  read(j, "head_dim", p, t.head_dim);
+  read(j, "hidden_act", p, t.hidden_act);
+  read(j, "rms_norm_eps", p, t.rms_norm_eps);
+  read(j, "max_position_embeddings", p, t.max_position_embeddings);
+  read(j, "tie_word_embeddings", p, t.tie_word_embeddings);
+  // transformers < 5 writes rope_theta + rope_scaling; >= 5 writes rope_parameters.
+  read(j, "rope_theta", p, t.rope_theta);
+  if (auto it = j.find("rope_scaling"); it != j.end())
+    MMPOST_CHECK_USAGE(it->is_null(), "config.json: text_config.rope_scaling: unsupported ",
+                       it->dump(), " (supported: null)");
+  if (auto it = j.find("rope_parameters"); it != j.end() && !it->is_null()) {
+    MMPOST_CHECK_USAGE(it->is_object(),
+                       "config.json: text_config.rope_parameters: expected an object");
+    std::string rope_type = "default";
+    read(*it, "rope_type", p + "rope_parameters.", rope_type);
+    MMPOST_CHECK_USAGE(rope_type == "default",
+                       "config.json: text_config.rope_parameters.rope_type: ",
+                       "unsupported \"", rope_type, "\" (supported: default)");
+    read(*it, "rope_theta", p + "rope_parameters.", t.rope_theta);
+  }
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    bool on = false;
+    read(j, key, p, on);
+    MMPOST_CHECK_USAGE(!on, "config.json: text_config.", key,
+                       ": unsupported true (supported: false)");
+  }
+  if (auto it = j.find("bos_token_id"); it != j.end())
+    t.bos_token_id = it->is_null() ? std::nullopt : std::optional<int64_t>(it->get<int64_t>());
+  if (auto it = j.find("pad_token_id"); it != j.end())
+    t.pad_token_id = it->is_null() ? std::nullopt : std::optional<int64_t>(it->get<int64_t>());
+  if (auto it = j.find("eos_token_id"); it != j.end()) {
+    t.eos_token_id.clear();
+    if (it->is_array()) {
+      for (const auto& e : *it) t.eos_token_id.push_back(e.get<int64_t>());
+    } else if (!it->is_null()) {
+      t.eos_token_id.push_back(it->get<int64_t>());
+    }
+  }
+  return t;
+}
+
+}  // namespace
+
+int64_t VlmConfig::n_image_tokens() const {
+  return vision_config.n_patches() + (vision_feature_select_strategy == "full" ? 1 : 0);
+}
+
+void validate(const VlmConfig& c) {
+  const auto& v = c.vision_config;
+  const auto& t = c.text_config;
+  MMPOST_CHECK_USAGE(v.hidden_size > 0 && v.num_attention_heads > 0 &&
+                         v.hidden_size % v.num_attention_heads == 0,
+                     "config.json: vision_config.hidden_size (", v.hidden_size,
+                     ") must be a positive multiple of num_attention_heads (",
+                     v.num_attention_heads, ")");
+  MMPOST_CHECK_USAGE(v.patch_size > 0 && v.image_size % v.patch_size == 0,
+                     "config.json: vision_config.image_size (", v.image_size,
+                     ") must be a multiple of patch_size (", v.patch_size, ")");
+  MMPOST_CHECK_USAGE(t.num_key_value_heads > 0 &&
+                         t.num_attention_heads % t.num_key_value_heads == 0,
+                     "config.json: text_config.num_attention_heads (", t.num_attention_heads,
+                     ") must be a multiple of num_key_value_heads (", t.num_key_value_heads, ")");
+  MMPOST_CHECK_USAGE(t.head_dim > 0 && t.head_dim % 2 == 0, "config.json: text_config.head_dim: ",
+                     "must be positive and even (rotary embedding), got ", t.head_dim);
+  check_act(v.hidden_act, "vision_config.hidden_act");
+  check_act(t.hidden_act, "text_config.hidden_act");
+  check_act(c.projector_hidden_act, "projector_hidden_act");
+  MMPOST_CHECK_USAGE(
+      c.vision_feature_select_strategy == "default" || c.vision_feature_select_strategy == "full",
+      "config.json: vision_feature_select_strategy: unsupported \"",
+      c.vision_feature_select_strategy,
+      "\" (supported: default, full)");
+  const int64_t n_states = v.num_hidden_layers + 1;
+  MMPOST_CHECK_USAGE(c.vision_feature_layer >= -n_states && c.vision_feature_layer < n_states,
+                     "config.json: vision_feature_layer: ", c.vision_feature_layer,
+                     " is out of range for ", v.num_hidden_layers, " vision layers");
+}
+
+VlmConfig vlm_config_from_json(const json& j) {
+  MMPOST_CHECK_USAGE(j.is_object(), "config.json: expected a JSON object");
+  check_model_type(j, "(top level)", "llava");
+  VlmConfig c;
+  if (auto it = j.find("vision_config"); it != j.end() && !it->is_null()) {
+    c.vision_config = vision_from_json(*it);
+  } else {  // LlavaConfig.sub_configs_defaults: CLIP ViT-L/14 at 336 px
+    c.vision_config = {.hidden_size = 1024, .intermediate_size = 4096, .num_hidden_layers = 24,
+                       .num_attention_heads = 16, .image_size = 336, .patch_size = 14,
+                       .projection_dim = 768};
+  }
+  if (auto it = j.find("text_config"); it != j.end() && !it->is_null())
+    c.text_config = text_from_json(*it);
+  read(j, "image_token_index", "", c.image_token_index);
+  read(j, "image_seq_length", "", c.image_seq_length);
+  if (auto it = j.find("vision_feature_layer"); it != j.end())
+    MMPOST_CHECK_USAGE(it->is_number_integer(), "config.json: vision_feature_layer: unsupported ",
+                       it->dump(), " (supported: one integer layer index)");
+  read(j, "vision_feature_layer", "", c.vision_feature_layer);
+  read(j, "vision_feature_select_strategy", "", c.vision_feature_select_strategy);
+  read(j, "projector_hidden_act", "", c.projector_hidden_act);
+  read(j, "multimodal_projector_bias", "", c.multimodal_projector_bias);
+  read(j, "tie_word_embeddings", "", c.tie_word_embeddings);
+  c.tie_word_embeddings = c.tie_word_embeddings || c.text_config.tie_word_embeddings;
+  read(j, "torch_dtype", "", c.torch_dtype);
+  read(j, "dtype", "", c.torch_dtype);  // transformers >= 5 writes "dtype"
+  validate(c);
+  return c;
+}
+
+json vlm_config_to_json(const VlmConfig& c) {
+  const auto& v = c.vision_config;
+  const auto& t = c.text_config;
+  json vision = {{"model_type", "clip_vision_model"},
+                 {"hidden_size", v.hidden_size},
+                 {"intermediate_size", v.intermediate_size},
+                 {"num_hidden_layers", v.num_hidden_layers},
+                 {"num_attention_heads", v.num_attention_heads},
+                 {"num_channels", v.num_channels},
+                 {"image_size", v.image_size},
+                 {"patch_size", v.patch_size},
+                 {"hidden_act", v.hidden_act},
+                 {"layer_norm_eps", v.layer_norm_eps},
+                 {"projection_dim", v.projection_dim}};
+  json text = {{"model_type", "llama"},
+               {"vocab_size", t.vocab_size},
+               {"hidden_size", t.hidden_size},
+               {"intermediate_size", t.intermediate_size},
+               {"num_hidden_layers", t.num_hidden_layers},
+               {"num_attention_heads", t.num_attention_heads},
+               {"num_key_value_heads", t.num_key_value_heads},
+               {"head_dim", t.head_dim},
+               {"hidden_act", t.hidden_act},
+               {"rms_norm_eps", t.rms_norm_eps},
+               // Both spellings: transformers < 5 reads rope_theta, >= 5 rope_parameters.
+               {"rope_theta", t.rope_theta},
+               {"rope_scaling", nullptr},
+               {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", t.rope_theta}}},
+               {"attention_bias", false},
+               {"mlp_bias", false},
+               {"max_position_embeddings", t.max_position_embeddings},
+               {"tie_word_embeddings", t.tie_word_embeddings},
+               {"bos_token_id", t.bos_token_id ? json(*t.bos_token_id) : json(nullptr)},
+               {"pad_token_id", t.pad_token_id ? json(*t.pad_token_id) : json(nullptr)}};
+  text["eos_token_id"] =
+      t.eos_token_id.size() == 1 ? json(t.eos_token_id[0]) : json(t.eos_token_id);
+  return {{"architectures", {"LlavaForConditionalGeneration"}},
+          {"model_type", "llava"},
+          {"vision_config", vision},
+          {"text_config", text},
+          {"image_token_index", c.image_token_index},
+          {"image_seq_length", c.image_seq_length},
+          {"vision_feature_layer", c.vision_feature_layer},
+          {"vision_feature_select_strategy", c.vision_feature_select_strategy},
+          {"projector_hidden_act", c.projector_hidden_act},
+          {"multimodal_projector_bias", c.multimodal_projector_bias},
+          {"tie_word_embeddings", c.tie_word_embeddings},
+          {"torch_dtype", c.torch_dtype},
+          {"dtype", c.torch_dtype}};
+}
+
+}  // namespace mmpost::model

@@ -1,0 +1,91 @@
+// Exact-match evaluation by greedy generation (see evaluate.h).
+#include "mmpost/train/evaluate.h"
+
+#include <chrono>
+
+#include "mmpost/core/log.h"
+#include "mmpost/data/collate.h"
+#include "mmpost/data/loader.h"
+#include "mmpost/model/generation.h"
+
+namespace mmpost::train {
+
+std::string trim(const std::string& s) {
+  const char* ws = " \t\r\n\f\v";
+  auto b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return "";
+  auto e = s.find_last_not_of(ws);
+  return s.substr(b, e - b + 1);
+}
+
+ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleContext& ctx,
+                                      const std::string& path, const ExactMatchOptions& opts,
+                                      const torch::Device& device, torch::Dtype dtype,
+                                      io::JsonlWriter* preds) {
+  auto start = std::chrono::steady_clock::now();
+  data::SampleContext c = ctx;
+  c.source = path;
+  c.base_dir = std::filesystem::path(path).parent_path();
+  data::LoaderOptions lo;
+  lo.path = path;
+  lo.batch_size = opts.batch_size;
+  lo.num_workers = opts.num_workers;
+  lo.skip_bad = opts.skip_bad;
+  data::StreamingLoader<data::SftSample> loader(
+      lo, [&c](const nlohmann::json& rec, int64_t line) {
+        return data::make_sft_sample(rec, line, c, /*prompt_only=*/true);
+      });
+  int64_t total = data::count_records(path);
+  if (opts.max_samples > 0) total = std::min(total, opts.max_samples);
+  Progress progress("eval", total);
+
+  const auto& tok = *ctx.tokenizer;
+  model::GenerationConfig gen;
+  gen.max_new_tokens = opts.max_new_tokens;
+  gen.eos_token_ids = {tok.eos_id()};
+  gen.pad_token_id = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+
+  bool was_training = model->is_training();
+  model->eval();
+  torch::NoGradGuard no_grad;
+  ExactMatchResult r;
+  while (opts.max_samples <= 0 || r.n < opts.max_samples) {
+    auto samples = loader.next_batch();
+    if (!samples) break;
+    if (opts.max_samples > 0 && r.n + static_cast<int64_t>(samples->size()) > opts.max_samples) {
+      samples->resize(opts.max_samples - r.n);
+    }
+    auto batch = data::collate_prompts(*samples, gen.pad_token_id).to(device, dtype);
+    auto out = model::generate(model, batch.input_ids, batch.attention_mask, batch.pixel_values, gen);
+    auto seqs = out.sequences.cpu();
+    auto lens = out.lengths.cpu();
+    for (size_t i = 0; i < samples->size(); ++i) {
+      int64_t n = lens[i].item<int64_t>();
+      std::vector<int64_t> ids;
+      for (int64_t k = 0; k < n; ++k) ids.push_back(seqs[i][k].item<int64_t>());
+      std::string pred = trim(tok.decode(ids));
+      bool correct = pred == trim((*samples)[i].reference);
+      r.n_correct += correct ? 1 : 0;
+      ++r.n;
+      if (preds != nullptr) {
+        preds->write({{"id", (*samples)[i].id},
+                      {"prediction", pred},
+                      {"prediction_ids", ids},
+                      {"reference", (*samples)[i].reference},
+                      {"correct", correct}});
+      }
+    }
+    if (opts.show_progress) {
+      progress.update(r.n, "acc " + std::to_string(r.n ? double(r.n_correct) / r.n : 0.0));
+    }
+  }
+  progress.finish();
+  if (was_training) model->train();
+  r.n_skipped = loader.n_skipped();
+  r.accuracy = r.n > 0 ? static_cast<double>(r.n_correct) / r.n : 0.0;
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.samples_per_s = r.seconds > 0 ? r.n / r.seconds : 0.0;
+  return r;
+}
+
+}  // namespace mmpost::train

@@ -1,0 +1,49 @@
+// Generation-based evaluation shared by `mmpost eval` and the periodic eval of training stages:
+// greedy decoding with the KV cache, exact match of the trimmed prediction against the final
+// assistant turn, optional per-sample predictions as JSONL.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <string>
+
+#include "mmpost/data/sft_dataset.h"
+#include "mmpost/io/jsonl.h"
+#include "mmpost/model/vlm.h"
+
+namespace mmpost::train {
+
+/// Evaluation settings.
+struct ExactMatchOptions {
+  int64_t batch_size = 32;
+  int64_t max_new_tokens = 16;
+  int64_t max_samples = 0;  // 0 = all
+  int64_t num_workers = 2;
+  bool skip_bad = false;    // count and skip bad records instead of failing
+  bool show_progress = true;
+};
+
+/// Aggregate result.
+struct ExactMatchResult {
+  int64_t n = 0;          // samples evaluated
+  int64_t n_correct = 0;
+  int64_t n_skipped = 0;  // bad records skipped
+  double accuracy = 0.0;  // n_correct / n
+  double seconds = 0.0;
+  double samples_per_s = 0.0;
+};
+
+/// Strips leading/trailing whitespace (the comparison rule of exact match).
+std::string trim(const std::string& s);
+
+/// Runs greedy generation over the JSONL at `path` (records as for SFT; the final assistant turn
+/// is the reference) and scores exact match. `ctx` supplies tokenizer, template and image
+/// settings; the model runs on `device` with pixel_values cast to `dtype`. Each prediction goes to
+/// `preds` (if not null) as {"id", "prediction", "prediction_ids", "reference", "correct"}.
+/// Throws Error(kData) for bad records unless opts.skip_bad.
+ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleContext& ctx,
+                                      const std::string& path, const ExactMatchOptions& opts,
+                                      const torch::Device& device, torch::Dtype dtype,
+                                      io::JsonlWriter* preds);
+
+}  // namespace mmpost::train
