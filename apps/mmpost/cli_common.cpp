@@ -31,6 +31,8 @@ std::vector<std::string> resolved_overrides(const CommonArgs& a) {
 void register_subcommands(CLI::App& app) {
   stages().push_back(setup_sft(app));
   stages().push_back(setup_eval(app));
+  stages().push_back(setup_bench(app));
+  stages().push_back(setup_inspect(app));
 }
 
 int run_selected(CLI::App& app) {

@@ -36,6 +36,8 @@ struct Stage {
 /// Stage registrations (each in its own file).
 Stage setup_sft(CLI::App& app);
 Stage setup_eval(CLI::App& app);
+Stage setup_bench(CLI::App& app);  // hidden: bench-preprocess (scripts/bench)
+Stage setup_inspect(CLI::App& app);
 
 /// Adds every stage subcommand to `app`.
 void register_subcommands(CLI::App& app);

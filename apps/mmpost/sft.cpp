@@ -116,6 +116,8 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   ctx.base_dir = fs::path(cfg.data.train).parent_path();
   ctx.source = cfg.data.train;
   ctx.max_length = cfg.data.max_length;
+  data::SampleContext train_ctx = ctx;  // eval (ctx) never augments
+  train_ctx.random_shift = cfg.data.image.random_shift;
   data::LoaderOptions lo;
   lo.path = cfg.data.train;
   lo.batch_size = cfg.train.batch_size;
@@ -126,8 +128,8 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   lo.skip_bad = cfg.data.on_bad_sample == "skip";
   lo.repeat = true;
   data::StreamingLoader<data::SftSample> loader(
-      lo, [&ctx](const nlohmann::json& rec, int64_t line) {
-        return data::make_sft_sample(rec, line, ctx);
+      lo, [&train_ctx](const nlohmann::json& rec, int64_t line, uint64_t seed) {
+        return data::make_sft_sample(rec, line, train_ctx, /*prompt_only=*/false, seed);
       });
   const int64_t n_records = data::count_records(cfg.data.train);
   const int64_t per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps;

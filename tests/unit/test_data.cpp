@@ -3,6 +3,8 @@
 #include <filesystem>
 #include <fstream>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+#include <set>
 
 #include "catch.h"
 #include "mmpost/core/check.h"
@@ -59,6 +61,9 @@ TEST_CASE("tokenizer round trip and special ids", "[unit][data]") {
   // Continuation text gets no dummy prefix: " 7" -> "▁" "7".
   CHECK(tok.encode(" 7", /*add_dummy_prefix=*/false) == std::vector<int64_t>{452, 495});
   CHECK(tok.encode("7", /*add_dummy_prefix=*/false) == std::vector<int64_t>{495});
+  // Text that already starts with a space gets no second "▁" (transformers' Metaspace
+  // prepend_scheme "first"; raw sentencepiece would give "▁" "▁" "7").
+  CHECK(tok.encode(" 7") == std::vector<int64_t>{452, 495});
   // Unicode and bytes survive via byte fallback.
   const std::string odd = "naïve café 🙂 {x:1}";
   CHECK(tok.decode(tok.encode(odd)) == odd);
@@ -323,4 +328,33 @@ TEST_CASE("streaming loader: order, shuffling, skips, resume", "[unit][data]") {
     CHECK(b[0] == "2");
   }
   fs::remove_all(dir);
+}
+
+TEST_CASE("random_shift translates by at most N pixels, deterministically per seed", "[unit][data]") {
+  ImageProcessorConfig cfg;
+  cfg.image_mean = {0, 0, 0};
+  cv::Mat img(5, 5, CV_8UC3, cv::Scalar(0, 0, 0));
+  img.at<cv::Vec3b>(2, 2) = {255, 255, 255};
+  CHECK(cv::countNonZero(random_shift(img, 0, 1, cfg).reshape(1) != img.reshape(1)) == 0);
+  std::set<std::pair<int, int>> seen;
+  for (uint64_t seed = 0; seed < 40; ++seed) {
+    cv::Mat out = random_shift(img, 1, seed, cfg);
+    cv::Mat again = random_shift(img, 1, seed, cfg);
+    CHECK(cv::countNonZero(out.reshape(1) != again.reshape(1)) == 0);
+    cv::Mat gray;
+    cv::cvtColor(out, gray, cv::COLOR_RGB2GRAY);
+    cv::Point where;
+    double maxv;
+    cv::minMaxLoc(gray, nullptr, &maxv, nullptr, &where);
+    REQUIRE(maxv == 255.0);
+    CHECK(cv::countNonZero(gray) == 1);  // content moved, not blurred
+    CHECK(std::abs(where.x - 2) <= 1);
+    CHECK(std::abs(where.y - 2) <= 1);
+    seen.insert({where.x, where.y});
+  }
+  CHECK(seen.size() >= 5);  // several of the 9 offsets occur
+  // Per-sample seeds depend on (seed, epoch, position) only.
+  CHECK(sample_seed(1, 0, 5) == sample_seed(1, 0, 5));
+  CHECK(sample_seed(1, 0, 5) != sample_seed(1, 1, 5));
+  CHECK(sample_seed(1, 0, 5) != sample_seed(1, 0, 6));
 }

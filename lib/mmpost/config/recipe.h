@@ -31,12 +31,15 @@ struct ImageSection {
   std::string interpolation = "bicubic";                  // bicubic | bilinear | area | nearest
   std::vector<double> image_mean = {0.48145466, 0.4578275, 0.40821073};  // CLIP
   std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
+  int64_t random_shift = 0;  // training-only augmentation
   template <class V>
   void visit(V& v) {
     v("resize_mode", resize_mode, "shortest_edge_center_crop | pad_to_square");
     v("interpolation", interpolation, "bicubic | bilinear | area | nearest");
     v("image_mean", image_mean, "per-channel mean (RGB, after rescale to [0,1])");
     v("image_std", image_std, "per-channel std (RGB)");
+    v("random_shift", random_shift,
+      "training augmentation: random translation up to N pixels at model resolution (0: off)");
   }
 };
 

@@ -1,6 +1,7 @@
-// Image preprocessing stage (OpenCV): decode -> RGB -> resize (shortest edge + center crop, or
-// pad to square) -> rescale 1/255 -> normalize. Matches the CLIPImageProcessor steps
-// (transformers) up to the resampling kernel: OpenCV's bicubic is not PIL's antialiased bicubic.
+// Image preprocessing stage: decode (OpenCV) -> RGB -> resize (shortest edge + center crop, or pad
+// to square) -> rescale -> normalize, the steps of transformers' CLIPImageProcessor (PIL backend).
+// The "pil_*" interpolations reimplement Pillow's ImagingResample bit for bit (antialiased,
+// fixed point), so pixel_values match HF's; the OpenCV modes stay for recipes that ask for them.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -16,23 +17,44 @@ namespace mmpost::data {
 struct ImageProcessorConfig {
   int64_t image_size = 224;
   std::string resize_mode = "shortest_edge_center_crop";  // or "pad_to_square"
-  std::string interpolation = "bicubic";                  // bicubic | bilinear | area | nearest
+  /// OpenCV: bicubic | bilinear | area | nearest. Pillow-exact: pil_bicubic | pil_bilinear |
+  /// pil_lanczos | pil_box | pil_hamming (what an HF preprocessor_config.json "resample" selects).
+  std::string interpolation = "bicubic";
   std::vector<double> image_mean = {0.48145466, 0.4578275, 0.40821073};
   std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
+  double rescale_factor = 1.0 / 255.0;  // HF "rescale_factor" (last: keeps aggregate inits valid)
 };
 
 /// Decodes an image file to 8-bit RGB (grayscale replicated, alpha dropped, EXIF orientation
 /// ignored as PIL does). Throws Error(kData) "PATH: file not found" / "PATH: cannot decode image".
 cv::Mat load_image_rgb(const std::string& path);
 
+/// Resizes an 8-bit image (any channel count, HWC) to width x height with `interpolation` (see
+/// ImageProcessorConfig). The pil_* modes follow Pillow 13's Image.resize (src/libImaging/
+/// Resample.c: separable horizontal and vertical passes, vertical first only when the height
+/// shrinks by over twice as many pixels as the width; filter support widened by the scale when
+/// shrinking; per-pixel normalized weights in 22-bit fixed point; uint8 rounding and clipping
+/// after each pass). Same size returns a copy. Throws Error(kUsage) for an unknown interpolation.
+cv::Mat resize_image(const cv::Mat& img, int width, int height, const std::string& interpolation);
+
 /// Resizes/crops/pads an 8-bit RGB image to image_size x image_size (uint8 RGB, HWC).
-/// shortest_edge_center_crop: short side -> image_size (long side int(size*long/short)), then a
-/// center crop (top = (h - size) / 2). pad_to_square: pad the short side symmetrically with the
-/// mean color (LLaVA's expand2square), then resize.
+/// shortest_edge_center_crop: short side -> image_size (long side int(size*long/short), as
+/// transformers' get_resize_output_image_size with default_to_square=False), then a center crop
+/// with top = (h - size) / 2, left = (w - size) / 2 (floor, as image_transforms.center_crop).
+/// pad_to_square: pad the short side symmetrically with the mean color (LLaVA's expand2square),
+/// then resize.
 cv::Mat resize_for_model(const cv::Mat& rgb, const ImageProcessorConfig& cfg);
 
-/// Rescale 1/255 and normalize an 8-bit RGB HWC image: returns [3, H, W] float32 (CPU).
+/// Rescales and normalizes an 8-bit RGB HWC image: returns [3, H, W] float32 (CPU). Same
+/// arithmetic as HF's PIL backend: float32(float64(v) * rescale_factor), then (x - mean) / std
+/// in float32.
 torch::Tensor to_pixel_values(const cv::Mat& rgb, const ImageProcessorConfig& cfg);
+
+/// Training-time augmentation: translates an RGB image by (dx, dy) drawn uniformly from
+/// [-max_shift, max_shift] pixels with the generator seeded by `seed`, filling uncovered pixels
+/// with the mean color; the size is unchanged. max_shift = 0 returns the input.
+cv::Mat random_shift(const cv::Mat& rgb, int64_t max_shift, uint64_t seed,
+                     const ImageProcessorConfig& cfg);
 
 /// load_image_rgb + resize_for_model + to_pixel_values: [3, image_size, image_size] float32.
 torch::Tensor load_pixel_values(const std::string& path, const ImageProcessorConfig& cfg);
@@ -41,8 +63,11 @@ torch::Tensor load_pixel_values(const std::string& path, const ImageProcessorCon
 
 namespace mmpost::data {
 /// Reads preprocessor_config.json (HF CLIPImageProcessor fields: crop_size / size.shortest_edge,
-/// image_mean, image_std, resample (2 bilinear, 3 bicubic), do_* switches) plus mmpost's
-/// "mmpost_resize_mode". Missing fields keep `defaults`. Throws Error(kUsage) naming the file.
+/// image_mean, image_std, rescale_factor, resample as PIL's enum (0 nearest, 1 pil_lanczos,
+/// 2 pil_bilinear, 3 pil_bicubic, 4 pil_box, 5 pil_hamming), do_* switches) plus mmpost's
+/// "mmpost_resize_mode" and "mmpost_interpolation" (which wins over resample). Also reads a
+/// transformers 5 processor_config.json (fields under "image_processor"). Missing fields keep
+/// `defaults`. Throws Error(kUsage) naming the file.
 ImageProcessorConfig read_preprocessor_config(const std::string& path,
                                               const ImageProcessorConfig& defaults);
 /// The preprocessor_config.json object for `cfg` (CLIPImageProcessor layout).

@@ -16,6 +16,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "mmpost/core/check.h"
@@ -43,14 +44,26 @@ struct LoaderCursor {
   int64_t consumed = 0;
 };
 
-/// Streaming loader over records turned into `Sample`s by `make` (called on worker threads;
-/// must be thread-safe; throws Error(kData) for a bad record).
+/// Seed for one sample's random augmentation, a function of (seed, epoch, position in the
+/// stream) only, so it does not depend on which worker thread preprocesses the sample.
+uint64_t sample_seed(uint64_t seed, int64_t epoch, int64_t seq);
+
+/// Streaming loader over records turned into `Sample`s by `make(record, line[, sample_seed])`
+/// (called on worker threads; must be thread-safe; throws Error(kData) for a bad record).
 template <class Sample>
 class StreamingLoader {
  public:
-  using MakeFn = std::function<Sample(const nlohmann::json& record, int64_t line)>;
+  using MakeFn = std::function<Sample(const nlohmann::json& record, int64_t line, uint64_t seed)>;
 
-  StreamingLoader(LoaderOptions opts, MakeFn make) : opts_(std::move(opts)), make_(std::move(make)) {
+  template <class F>
+  StreamingLoader(LoaderOptions opts, F make) : opts_(std::move(opts)) {
+    if constexpr (std::is_invocable_v<F, const nlohmann::json&, int64_t, uint64_t>) {
+      make_ = std::move(make);
+    } else {
+      make_ = [f = std::move(make)](const nlohmann::json& r, int64_t line, uint64_t) {
+        return f(r, line);
+      };
+    }
     MMPOST_CHECK_USAGE(opts_.batch_size > 0 && opts_.num_workers > 0, "loader: bad options");
   }
   ~StreamingLoader() { stop_epoch(); }
@@ -212,7 +225,8 @@ class StreamingLoader {
         r.error = w.record.error;
       } else {
         try {
-          r.sample = make_(w.record.value, w.record.line);
+          r.sample = make_(w.record.value, w.record.line,
+                           sample_seed(opts_.seed, cursor_.epoch, w.seq));
         } catch (const Error& e) {
           r.error = e.message();
         } catch (const std::exception& e) {

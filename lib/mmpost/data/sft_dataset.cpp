@@ -77,7 +77,7 @@ bool truncate_sample(std::vector<int64_t>& input_ids, std::vector<int64_t>& labe
 }
 
 SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const SampleContext& ctx,
-                          bool prompt_only) {
+                          bool prompt_only, uint64_t sample_seed) {
   const std::string where = ctx.source + ":" + std::to_string(line);
   MMPOST_CHECK_DATA(record.is_object(), where, ": expected a JSON object");
   SftSample s;
@@ -144,7 +144,11 @@ SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const Samp
       std::filesystem::path p = rel;
       if (p.is_relative()) p = ctx.base_dir / p;
       try {
-        pix.push_back(load_pixel_values(p.string(), ctx.image));
+        cv::Mat rgb = resize_for_model(load_image_rgb(p.string()), ctx.image);
+        if (ctx.random_shift > 0) {
+          rgb = random_shift(rgb, ctx.random_shift, sample_seed + pix.size(), ctx.image);
+        }
+        pix.push_back(to_pixel_values(rgb, ctx.image));
       } catch (const Error& e) {
         throw Error(ErrorKind::kData, where + ": " + e.message(), e.hint());
       }

@@ -36,6 +36,7 @@ struct SampleContext {
   std::string source;                // JSONL path, for error messages
   int64_t max_length = 512;
   bool load_images = true;           // false: count/validate only (tests, inspect)
+  int64_t random_shift = 0;          // training augmentation: max translation in pixels (0 = off)
 };
 
 /// Parses "messages" (string content, or HF content lists of {"type": "text"|"image"}).
@@ -47,8 +48,9 @@ std::vector<Message> parse_messages(const nlohmann::json& messages, const std::s
 /// max_length without cutting image tokens or every supervised token (else an Error(kData)).
 /// prompt_only (eval/generation): the final assistant turn becomes `reference`, the ids are the
 /// preceding turns plus the generation prompt ("ASSISTANT:"), labels all kIgnoreIndex.
+/// `sample_seed` drives the random augmentation (ctx.random_shift) of this sample's images.
 SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const SampleContext& ctx,
-                          bool prompt_only = false);
+                          bool prompt_only = false, uint64_t sample_seed = 0);
 
 /// Truncates ids/labels to max_length; returns false (leaving them untouched) when that would cut
 /// an image token or leave no supervised label.

@@ -53,7 +53,9 @@ void Tokenizer::add_special_token(const std::string& text, int64_t id) {
 std::vector<int64_t> Tokenizer::encode_plain(const std::string& text, bool add_dummy_prefix) const {
   std::vector<int> ids;
   if (text.empty()) return {};
-  if (add_dummy_prefix) {
+  // transformers' Llama tokenizer (Metaspace, prepend_scheme "first") prepends "▁" only when the
+  // text does not already start with a space; sentencepiece itself would give "▁▁...".
+  if (add_dummy_prefix && text.front() != ' ') {
     sp_->Encode(text, &ids);
     return {ids.begin(), ids.end()};
   }

@@ -28,7 +28,9 @@ class Tokenizer {
 
   /// Encodes text. Registered special tokens in `text` become their ids. With
   /// `add_dummy_prefix == false` the leading "▁" sentencepiece would add is suppressed (for text
-  /// that continues a sequence, as transformers' LlamaTokenizer legacy=False does). No BOS/EOS.
+  /// that continues a sequence). Matches transformers' LlamaTokenizer with legacy=False (5.x,
+  /// Metaspace prepend_scheme "first"): only the first chunk, before any special token, gets the
+  /// "▁" prefix, and not when it already starts with a space. No BOS/EOS.
   std::vector<int64_t> encode(const std::string& text, bool add_dummy_prefix = true) const;
 
   /// Decodes ids to text; special control ids (BOS/EOS/PAD) are dropped, registered special

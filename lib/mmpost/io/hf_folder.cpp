@@ -11,20 +11,24 @@
 namespace mmpost::io {
 namespace fs = std::filesystem;
 
+namespace {
+nlohmann::json read_json(const fs::path& path) {
+  std::ifstream in(path);
+  MMPOST_CHECK_USAGE(in.good(), path.string(), ": cannot open");
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(ErrorKind::kUsage, path.string() + ": invalid JSON: " + e.what());
+  }
+}
+}  // namespace
+
 Pretrained load_pretrained(const fs::path& dir) {
   MMPOST_CHECK_USAGE(fs::is_directory(dir), dir.string(), ": model folder not found");
   fs::path cfg_path = dir / "config.json";
   MMPOST_CHECK_USAGE(fs::is_regular_file(cfg_path), cfg_path.string(), ": missing",
                      "a model folder holds config.json, model.safetensors and tokenizer.model");
-  nlohmann::json j;
-  {
-    std::ifstream in(cfg_path);
-    try {
-      j = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw Error(ErrorKind::kUsage, cfg_path.string() + ": invalid JSON: " + e.what());
-    }
-  }
+  nlohmann::json j = read_json(cfg_path);
   Pretrained p;
   try {
     p.config = model::vlm_config_from_json(j);
@@ -36,10 +40,54 @@ Pretrained load_pretrained(const fs::path& dir) {
   model::load_hf_weights(*p.model, tensors, dir.string());
   if (fs::is_regular_file(dir / "tokenizer.model")) p.tokenizer_path = dir / "tokenizer.model";
   p.image.image_size = p.config.vision_config.image_size;
-  if (fs::is_regular_file(dir / "preprocessor_config.json")) {
-    p.image = data::read_preprocessor_config((dir / "preprocessor_config.json").string(), p.image);
+  for (const char* name : {"preprocessor_config.json", "processor_config.json"}) {
+    if (fs::is_regular_file(dir / name)) {
+      p.image = data::read_preprocessor_config((dir / name).string(), p.image);
+      break;
+    }
   }
   return p;
+}
+
+void add_hf_added_tokens(data::Tokenizer& tok, const fs::path& dir) {
+  auto add = [&](const fs::path& file, int64_t id, const std::string& content) {
+    if (id == tok.bos_id() || id == tok.eos_id() || id == tok.unk_id()) return;
+    try {
+      tok.add_special_token(content, id);
+    } catch (const Error& e) {
+      throw Error(e.kind(), file.string() + ": " + e.message(), e.hint());
+    }
+  };
+  const fs::path tok_json = dir / "tokenizer.json", tok_cfg = dir / "tokenizer_config.json";
+  if (fs::is_regular_file(tok_json)) {
+    const auto j = read_json(tok_json);
+    try {
+      for (const auto& t : j.value("added_tokens", nlohmann::json::array())) {
+        add(tok_json, t.at("id").get<int64_t>(), t.at("content").get<std::string>());
+      }
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorKind::kUsage, tok_json.string() + ": added_tokens: " + e.what());
+    }
+  }
+  if (!fs::is_regular_file(tok_cfg)) return;
+  const auto j = read_json(tok_cfg);
+  try {
+    const auto decoder = j.value("added_tokens_decoder", nlohmann::json::object());
+    for (const auto& [key, t] : decoder.items()) {
+      add(tok_cfg, std::stoll(key), t.at("content").get<std::string>());
+    }
+    if (j.contains("pad_token") && !j["pad_token"].is_null()) {
+      const auto& v = j["pad_token"];
+      const int64_t pad = tok.piece_to_id(v.is_object() ? v.at("content").get<std::string>()
+                                                        : v.get<std::string>());
+      if (pad >= 0) tok.set_pad_id(pad);
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kUsage, tok_cfg.string() + ": " + e.what());
+  } catch (const std::logic_error& e) {  // std::stoll on a non-numeric key
+    throw Error(ErrorKind::kUsage,
+                tok_cfg.string() + ": added_tokens_decoder: bad id: " + e.what());
+  }
 }
 
 void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tokenizer_path,

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "mmpost/data/image.h"
+#include "mmpost/data/tokenizer.h"
 #include "mmpost/model/vlm.h"
 
 namespace mmpost::io {
@@ -17,13 +18,22 @@ struct Pretrained {
   model::VlmConfig config;
   model::Vlm model{nullptr};
   std::filesystem::path tokenizer_path;  // empty when the folder has no tokenizer.model
-  data::ImageProcessorConfig image;      // from preprocessor_config.json (else defaults)
+  data::ImageProcessorConfig image;      // preprocessor_config.json, else processor_config.json's
+                                         // "image_processor" (transformers 5), else defaults
 };
 
 /// Loads DIR: config.json (HF names), weights (safetensors, both LLaVA name layouts), tokenizer
 /// and preprocessor settings; the model is float32 on the CPU. Throws Error(kUsage) for a missing
 /// folder or config, Error(kRuntime) for weight problems (missing/unexpected/shape, listed).
 Pretrained load_pretrained(const std::filesystem::path& dir);
+
+/// Registers the HF "added tokens" of a tokenizer folder with `tok`: tokenizer.json's
+/// "added_tokens" (what transformers 5 save_pretrained writes) and tokenizer_config.json's
+/// "added_tokens_decoder" (transformers 4.x, e.g. llava-hf's <image> = 32000, <pad> = 32001).
+/// The sentencepiece control tokens (<unk>, <s>, </s>) stay the model's own. Sets the pad id
+/// when tokenizer_config.json names a pad_token. Missing files are skipped. Throws Error(kUsage)
+/// naming the file for invalid JSON or an id that contradicts the sentencepiece model.
+void add_hf_added_tokens(data::Tokenizer& tok, const std::filesystem::path& dir);
 
 /// Writes a model folder (atomic files): config.json, model.safetensors (float32 unless
 /// `save_dtype` says otherwise; sharded above max_shard_bytes), tokenizer.model copied from
