@@ -37,11 +37,17 @@ if ! .venv/bin/python -c "import torch, sys; sys.exit(torch.__version__.split('+
   log "installing torch==$TORCH_VERSION into .venv"
   .venv/bin/pip install -q "torch==$TORCH_VERSION" >&2
 fi
-if ! .venv/bin/python -c "import transformers, sklearn, safetensors, sentencepiece" 2>/dev/null; then
-  log "installing transformers, scikit-learn, safetensors, sentencepiece into .venv"
+if ! .venv/bin/python - <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+want = dict(l.split("==") for l in open("scripts/requirements-dev.txt").read().split("\n")
+            if l and not l.startswith("#"))
+sys.exit(any(version(k) != v for k, v in want.items()))
+PY
+then
+  log "installing scripts/requirements-dev.txt (transformers, scikit-learn, ...) into .venv"
   # torch is pinned in the same command so pip never swaps it for another build.
-  .venv/bin/pip install -q "torch==$TORCH_VERSION" numpy scikit-learn transformers safetensors \
-    sentencepiece protobuf >&2
+  .venv/bin/pip install -q "torch==$TORCH_VERSION" -r scripts/requirements-dev.txt >&2
 fi
 ABI=$(.venv/bin/python -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
 if [[ -z "${Torch_DIR:-}" && "$ABI" != 1 ]]; then

@@ -46,6 +46,7 @@ int run_eval(const EvalArgs& a) {
   auto p = io::load_pretrained(a.model_dir);
   MMPOST_CHECK_USAGE(!p.tokenizer_path.empty(), a.model_dir, ": no tokenizer.model in the folder");
   data::Tokenizer tokenizer(p.tokenizer_path.string());
+  io::add_hf_added_tokens(tokenizer, a.model_dir);
   tokenizer.add_special_token(data::kImagePlaceholder, p.config.image_token_index);
   p.model->to(device, dtype);
   p.model->eval();

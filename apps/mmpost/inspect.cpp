@@ -10,6 +10,7 @@
 
 #include "mmpost/cli_common.h"
 #include "mmpost/core/check.h"
+#include "mmpost/io/hf_folder.h"
 #include "mmpost/io/safetensors.h"
 #include "mmpost/model/hf.h"
 #include "mmpost/model/vlm.h"
@@ -122,6 +123,25 @@ int run_inspect_model(const std::string& dir, bool as_json) {
   std::cout << std::endl;
   return missing.empty() ? 0 : 1;
 }
+/// Runs the model on tensors from a safetensors file (input_ids [B,T] int64, attention_mask [B,T],
+/// optional pixel_values [N,3,H,W]) and writes {"logits": [B,T,V] float32} — the parity probe the
+/// transformers round-trip check (scripts/golden/check_roundtrip.py) compares against.
+int run_inspect_forward(const std::string& dir, const std::string& inputs, const std::string& out) {
+  auto p = io::load_pretrained(dir);
+  auto t = io::load_safetensors(inputs);
+  MMPOST_CHECK_USAGE(t.count("input_ids") == 1, inputs, ": needs an input_ids tensor");
+  auto ids = t.at("input_ids").to(torch::kInt64);
+  auto mask = t.count("attention_mask") ? t.at("attention_mask").to(torch::kInt64)
+                                        : torch::ones_like(ids);
+  torch::Tensor pix;
+  if (t.count("pixel_values")) pix = t.at("pixel_values").to(torch::kFloat32);
+  p.model->eval();
+  torch::NoGradGuard no_grad;
+  auto logits = p.model->forward(ids, pix, mask);  // [B, T, V]
+  io::save_safetensors(out, {{"logits", logits.contiguous()}});
+  std::cout << nlohmann::json({{"logits", logits.sizes().vec()}, {"out", out}}).dump() << std::endl;
+  return 0;
+}
 }  // namespace
 
 Stage setup_inspect(CLI::App& app) {
@@ -132,7 +152,16 @@ Stage setup_inspect(CLI::App& app) {
   static bool as_json = false;
   model_cmd->add_option("dir", dir, "HF-layout model folder")->required();
   model_cmd->add_flag("--json", as_json, "one JSON object on stdout instead of the table");
-  return {sub, [] { return run_inspect_model(dir, as_json); }};
+  auto* fwd = sub->add_subcommand("forward", "logits of a model on tensors from a safetensors file");
+  static std::string fwd_dir, fwd_inputs, fwd_out;
+  fwd->add_option("dir", fwd_dir, "HF-layout model folder")->required();
+  fwd->add_option("--inputs", fwd_inputs, "safetensors with input_ids, attention_mask, pixel_values")
+      ->required();
+  fwd->add_option("--out", fwd_out, "safetensors file to write {logits}")->required();
+  return {sub, [model_cmd, fwd] {
+            if (fwd->parsed()) return run_inspect_forward(fwd_dir, fwd_inputs, fwd_out);
+            return run_inspect_model(dir, as_json);
+          }};
 }
 
 }  // namespace mmpost::cli

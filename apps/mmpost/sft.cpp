@@ -79,8 +79,10 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   fs::path tokenizer_path = cfg.model.tokenizer;
   data::ImageProcessorConfig image{0, cfg.data.image.resize_mode, cfg.data.image.interpolation,
                                    cfg.data.image.image_mean, cfg.data.image.image_std};
+  fs::path model_src;
   if (ckpt || !cfg.model.path.empty()) {
     fs::path src = ckpt ? *ckpt : fs::path(cfg.model.path);
+    model_src = src;
     log_info("sft: loading model from " + src.string());
     auto p = io::load_pretrained(src);
     model = p.model;
@@ -95,6 +97,9 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   MMPOST_CHECK_USAGE(!tokenizer_path.empty(), "model.tokenizer: no tokenizer.model found",
                      "set model.tokenizer to a sentencepiece model");
   data::Tokenizer tokenizer(tokenizer_path.string());
+  if (!model_src.empty() && tokenizer_path.parent_path() == model_src) {
+    io::add_hf_added_tokens(tokenizer, model_src);  // e.g. llava-hf's <image> 32000, <pad> 32001
+  }
   tokenizer.add_special_token(data::kImagePlaceholder, mcfg.image_token_index);
   MMPOST_CHECK_USAGE(tokenizer.vocab_size() <= mcfg.text_config.vocab_size, "tokenizer ",
                      tokenizer_path.string(), " has ", tokenizer.vocab_size(),
@@ -165,7 +170,7 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
     state.loader = loader.cursor();
     state.n_skipped = loader.n_skipped();
     auto dir = train::save_checkpoint(out, state, model, tokenizer_path, image, *optimizer, recipe,
-                                      cfg.train.keep_last_n_checkpoints);
+                                      cfg.train.keep_last_n_checkpoints, &tokenizer);
     log_info("sft: checkpoint " + dir.string());
   };
   auto run_eval = [&]() {
@@ -271,7 +276,8 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
 
   // ---- final save --------------------------------------------------------------------------
   save();
-  io::save_pretrained(out, model, tokenizer_path, image);
+  io::save_pretrained(out, model, tokenizer_path, image, torch::kFloat32, int64_t{5} << 30,
+                      &tokenizer);
   log_info("sft: final model written to " + out.string() + " (" +
            std::to_string(loader.n_skipped()) + " bad samples skipped)");
   run_eval();

@@ -75,10 +75,7 @@ def main():
     rev = sh("git", "rev-parse", "--short", "HEAD")
     dirty = sh("git", "status", "--porcelain", "--untracked-files=no")
     mtime = datetime.datetime.fromtimestamp(os.path.getmtime(a.mmpost)).strftime("%Y-%m-%d %H:%M")
-    pre_desc = ("`build/mmpost bench-preprocess`" if os.path.abspath(a.pre) == os.path.abspath(a.mmpost)
-                else "a side driver (`scripts/bench/build_bench_driver.sh`: apps/mmpost/bench.cpp + "
-                     "HEAD's headers linked to build/libmmpost_lib.a), because build/mmpost predates "
-                     "the `bench-preprocess` subcommand")
+    pre_desc = "`build/mmpost bench-preprocess`"
     L = []
     w = L.append
     w("# mmpost benchmarks (CPU)\n")

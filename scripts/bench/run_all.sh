@@ -38,13 +38,8 @@ wait_for_low_load() {  # best effort: other users share the machine
 log() { echo "[bench $(date +%T)] $*" >&2; }
 
 # ---- the bench-preprocess binary ------------------------------------------------------------
-# build/mmpost has it once apps/mmpost/bench.cpp is built in; else a side driver from build/'s library.
-if "$MMPOST" bench-preprocess --help >/dev/null 2>&1; then
-  PRE="$MMPOST"
-else
-  log "build/mmpost has no bench-preprocess yet: building a side driver (scripts/bench/build_bench_driver.sh)"
-  PRE="$(bash scripts/bench/build_bench_driver.sh "$OUT/driver" | tail -1)"
-fi
+"$MMPOST" bench-preprocess --help >/dev/null 2>&1 || { log "build/mmpost missing: run scripts/setup.sh"; exit 1; }
+PRE="$MMPOST"
 
 wait_for_low_load
 echo "{\"phase\": \"start\", \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >"$OUT/load.jsonl"
@@ -52,7 +47,7 @@ echo "{\"phase\": \"start\", \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >"
 # ---- 1. preprocessing --------------------------------------------------------------------------
 "$PY" scripts/bench/make_photos.py "$OUT/photos" >&2
 PHOTOS=(--data "$OUT/photos/photos.jsonl" --image-size 224 --patch-size 14 --interpolation bicubic --epochs 3)
-DIGITS=(--data data/digits-vqa/train.jsonl --image-size 8 --patch-size 2 --interpolation area
+DIGITS=(--data data/digits-vqa/train.jsonl --image-size 8 --patch-size 4 --interpolation area
         --image-mean 0.5 0.5 0.5 --image-std 0.5 0.5 0.5 --epochs 2)
 run_pre() {  # dataset impl workers repeat args...
   local ds=$1 impl=$2 w=$3 r=$4; shift 4

@@ -31,7 +31,8 @@ void SftConfig::validate() const {
   check_one_of("data.image.resize_mode", data.image.resize_mode,
                {"shortest_edge_center_crop", "pad_to_square"});
   check_one_of("data.image.interpolation", data.image.interpolation,
-               {"bicubic", "bilinear", "area", "nearest"});
+               {"pil_bicubic", "pil_bilinear", "pil_lanczos", "bicubic", "bilinear", "area",
+                "nearest"});
   MMPOST_CHECK_USAGE(data.image.image_mean.size() == 3, "data.image.image_mean: expected 3 values");
   MMPOST_CHECK_USAGE(data.image.image_std.size() == 3, "data.image.image_std: expected 3 values");
   for (double s : data.image.image_std) {

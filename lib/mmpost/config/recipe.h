@@ -28,14 +28,16 @@ struct ModelSection {
 /// Image preprocessing (OpenCV): resize, crop/pad, rescale, normalize.
 struct ImageSection {
   std::string resize_mode = "shortest_edge_center_crop";  // or pad_to_square
-  std::string interpolation = "bicubic";                  // bicubic | bilinear | area | nearest
+  std::string interpolation = "pil_bicubic";  // Pillow-exact (HF CLIPImageProcessor) or OpenCV
   std::vector<double> image_mean = {0.48145466, 0.4578275, 0.40821073};  // CLIP
   std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
   int64_t random_shift = 0;  // training-only augmentation
   template <class V>
   void visit(V& v) {
     v("resize_mode", resize_mode, "shortest_edge_center_crop | pad_to_square");
-    v("interpolation", interpolation, "bicubic | bilinear | area | nearest");
+    v("interpolation", interpolation,
+      "pil_bicubic | pil_bilinear | pil_lanczos (Pillow-exact, as HF) | bicubic | bilinear | "
+      "area | nearest (OpenCV)");
     v("image_mean", image_mean, "per-channel mean (RGB, after rescale to [0,1])");
     v("image_std", image_std, "per-channel std (RGB)");
     v("random_shift", random_shift,

@@ -131,6 +131,14 @@ int64_t Tokenizer::piece_to_id(const std::string& piece) const {
   return id;
 }
 
+std::vector<std::pair<int64_t, std::string>> Tokenizer::added_tokens() const {
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const auto& [id, text] : special_text_) {
+    if (id >= sp_->GetPieceSize()) out.emplace_back(id, text);
+  }
+  return out;
+}
+
 int64_t Tokenizer::vocab_size() const {
   int64_t n = sp_->GetPieceSize();
   for (const auto& kv : special_text_) n = std::max(n, kv.first + 1);

@@ -42,6 +42,9 @@ class Tokenizer {
   /// Id of a piece, or -1.
   int64_t piece_to_id(const std::string& piece) const;
 
+  /// Registered special tokens whose ids lie beyond the sentencepiece model (HF "added tokens",
+  /// e.g. LLaVA's <image> = 32000), as (id, text), ascending by id.
+  std::vector<std::pair<int64_t, std::string>> added_tokens() const;
   int64_t vocab_size() const;  // sentencepiece pieces plus registered specials beyond them
   int64_t bos_id() const { return bos_id_; }
   int64_t eos_id() const { return eos_id_; }

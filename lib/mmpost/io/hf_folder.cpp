@@ -92,7 +92,7 @@ void add_hf_added_tokens(data::Tokenizer& tok, const fs::path& dir) {
 
 void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tokenizer_path,
                      const data::ImageProcessorConfig& image, torch::Dtype save_dtype,
-                     int64_t max_shard_bytes) {
+                     int64_t max_shard_bytes, const data::Tokenizer* tokenizer) {
   fs::create_directories(dir);
   auto tensors = model::hf_state_dict(*model);
   uint64_t bytes = 0;
@@ -122,7 +122,18 @@ void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tok
         {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"},
         {"image_token", "<image>"}, {"processor_class", "LlavaProcessor"},
         {"padding_side", "left"}, {"mmpost_chat_template", "llava"}};
-    if (tc.pad_token_id) tok_cfg["pad_token"] = "<pad>";
+    if (tokenizer != nullptr) {
+      nlohmann::json decoder = nlohmann::json::object();
+      for (const auto& [id, text] : tokenizer->added_tokens()) {
+        decoder[std::to_string(id)] = {{"content", text}, {"lstrip", false}, {"normalized", false},
+                                       {"rstrip", false}, {"single_word", false}, {"special", true}};
+      }
+      if (!decoder.empty()) tok_cfg["added_tokens_decoder"] = decoder;
+      if (tokenizer->pad_id() >= 0) tok_cfg["pad_token"] = tokenizer->id_to_piece(tokenizer->pad_id());
+      if (tokenizer->pad_id() >= 0) special["pad_token"] = tokenizer->id_to_piece(tokenizer->pad_id());
+    } else if (tc.pad_token_id) {
+      tok_cfg["pad_token"] = "<pad>";
+    }
     write_text_atomic(dir / "tokenizer_config.json", tok_cfg.dump(2) + "\n");
     write_text_atomic(dir / "special_tokens_map.json", special.dump(2) + "\n");
   }

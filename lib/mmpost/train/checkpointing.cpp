@@ -13,10 +13,11 @@ namespace fs = std::filesystem;
 fs::path save_checkpoint(const fs::path& output_dir, const TrainState& state, model::Vlm& model,
                          const fs::path& tokenizer_path, const data::ImageProcessorConfig& image,
                          torch::optim::Optimizer& optimizer, const nlohmann::json& recipe,
-                         int64_t keep_last) {
+                         int64_t keep_last, const data::Tokenizer* tokenizer) {
   fs::path dir = io::step_dir(output_dir, state.step);
   if (fs::exists(dir)) fs::remove_all(dir);  // a stale, incomplete folder from a crash
-  io::save_pretrained(dir, model, tokenizer_path, image);
+  io::save_pretrained(dir, model, tokenizer_path, image, torch::kFloat32, int64_t{5} << 30,
+                      tokenizer);
   try {
     torch::save(optimizer, (dir / "optimizer.pt").string());
     torch::save(at::detail::getDefaultCPUGenerator().get_state(), (dir / "rng.pt").string());

@@ -10,6 +10,7 @@
 
 #include "mmpost/data/image.h"
 #include "mmpost/data/loader.h"
+#include "mmpost/data/tokenizer.h"
 #include "mmpost/model/vlm.h"
 
 namespace mmpost::train {
@@ -33,7 +34,8 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& output_dir,
                                       const std::filesystem::path& tokenizer_path,
                                       const data::ImageProcessorConfig& image,
                                       torch::optim::Optimizer& optimizer,
-                                      const nlohmann::json& recipe, int64_t keep_last);
+                                      const nlohmann::json& recipe, int64_t keep_last,
+                                      const data::Tokenizer* tokenizer = nullptr);
 
 /// Reads state.json of a checkpoint folder. Throws Error(kRuntime) for an unknown format version.
 TrainState read_train_state(const std::filesystem::path& dir);
