@@ -119,7 +119,7 @@ def main():
     w("- photos: 54 files (18 scikit-image sample photos x 3 scales, JPEG/PNG, 150-2000 px), "
       "image_size 224, patch 14 (256 image tokens), bicubic (OpenCV's, not antialiased, vs PIL's "
       "antialiased bicubic; `mmpost_pil` rows use mmpost's Pillow-exact `pil_bicubic` where the "
-      "build has it). digits: data/digits-vqa/train.jsonl (1287 8x8 PNGs), image_size 8, patch 2, "
+      "build has it). digits: data/digits-vqa/train.jsonl (1287 8x8 PNGs), image_size 8, patch 4, "
       "mmpost `area` / PIL `BOX` (no resize happens at 8 px).\n")
     w("| data | workers | mmpost img/s | reference img/s | ratio | mmpost runs | reference runs | tokens/sample mmpost / ref |")
     w("|---|---|---|---|---|---|---|---|")
@@ -185,7 +185,7 @@ def main():
         mfu_rows.append((cfg, params, vc, mfu_flops(params, vc, med(mt), med(ms)),
                          mfu_flops(params, vc, med(rt), med(rs))))
     w("")
-    w("Configs: **digits** = recipes/digits-sft.json's model (CLIP 3x96 at 8 px / patch 2, Llama "
+    w("Configs: **digits** = recipes/digits-sft.json's model (CLIP 3x96 at 8 px / patch 4, Llama "
       "2x128, vocab 512), batch 32, 20 steps, windows of 5. **100m** = scripts/bench/sft-100m.json "
       "(CLIP 4 layers x 512 at 64 px / patch 8 = 64 patches, Llama 12 layers x 768, MLP 2048, "
       "12 heads, vocab 512), batch 2, 8 steps, windows of 2.\n")
@@ -217,7 +217,7 @@ def main():
     w("```")
     w("# 1. preprocessing (per workers W in 1 2, per repeat), photos then digits:")
     w("PHOTOS='--data $BENCH_OUT/photos/photos.jsonl --image-size 224 --patch-size 14 --interpolation bicubic --epochs 3'")
-    w("DIGITS='--data data/digits-vqa/train.jsonl --image-size 8 --patch-size 2 --interpolation area --image-mean 0.5 0.5 0.5 --image-std 0.5 0.5 0.5 --epochs 2'")
+    w("DIGITS='--data data/digits-vqa/train.jsonl --image-size 8 --patch-size 4 --interpolation area --image-mean 0.5 0.5 0.5 --image-std 0.5 0.5 0.5 --epochs 2'")
     w("build/mmpost bench-preprocess $PHOTOS --num-workers W --num-threads 1")
     w(".venv/bin/python scripts/bench/ref_preprocess.py $PHOTOS --num-workers W --num-threads 1")
     w("# 2. SFT (per config, per repeat); the reference reads the recipe mmpost resolved:")

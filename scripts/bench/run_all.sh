@@ -46,7 +46,8 @@ echo "{\"phase\": \"start\", \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >"
 
 # ---- 1. preprocessing --------------------------------------------------------------------------
 "$PY" scripts/bench/make_photos.py "$OUT/photos" >&2
-PHOTOS=(--data "$OUT/photos/photos.jsonl" --image-size 224 --patch-size 14 --interpolation bicubic --epochs 3)
+PHOTOS_BASE=(--data "$OUT/photos/photos.jsonl" --image-size 224 --patch-size 14 --epochs 3)
+PHOTOS=("${PHOTOS_BASE[@]}" --interpolation bicubic)
 DIGITS=(--data data/digits-vqa/train.jsonl --image-size 8 --patch-size 4 --interpolation area
         --image-mean 0.5 0.5 0.5 --image-std 0.5 0.5 0.5 --epochs 2)
 run_pre() {  # dataset impl workers repeat args...
@@ -68,8 +69,8 @@ for w in 1 2; do
     run_pre photos mmpost "$w" "$r" "${PHOTOS[@]}"
     run_pre photos hf "$w" "$r" "${PHOTOS[@]}"
     # Pillow-exact resampling, when this build of mmpost has it (interpolation pil_bicubic)
-    if "$PRE" bench-preprocess "${PHOTOS[@]}" --interpolation pil_bicubic --epochs 1 >/dev/null 2>&1; then
-      run_pre photos mmpost_pil "$w" "$r" "${PHOTOS[@]}" --interpolation pil_bicubic
+    if "$PRE" bench-preprocess "${PHOTOS_BASE[@]}" --interpolation pil_bicubic >/dev/null 2>&1; then
+      run_pre photos mmpost_pil "$w" "$r" "${PHOTOS_BASE[@]}" --interpolation pil_bicubic
     fi
     log "preprocess digits workers=$w repeat=$r"
     run_pre digits mmpost "$w" "$r" "${DIGITS[@]}"

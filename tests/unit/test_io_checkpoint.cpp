@@ -7,34 +7,19 @@
 #include <sstream>
 
 #include "catch.h"
+#include "test_util.h"
 #include "mmpost/core/check.h"
 #include "mmpost/io/checkpoint.h"
 
 namespace fs = std::filesystem;
 namespace io = mmpost::io;
 
+using mmpost::testing::TempDir;
+using mmpost::testing::read_all;
+
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("mmpost_test_io_ckpt_" + std::to_string(::getpid()) + "_" + std::to_string(++counter));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
-std::string read_all(const fs::path& file) {
-  std::ostringstream ss;
-  ss << std::ifstream(file).rdbuf();
-  return ss.str();
-}
 
 // Makes output/step_N with a model file, and DONE when `complete`.
 fs::path make_step(const fs::path& output, int64_t step, bool complete) {

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "catch.h"
+#include "test_util.h"
 #include "mmpost/core/check.h"
 #include "mmpost/io/jsonl.h"
 
@@ -15,28 +16,12 @@ using mmpost::io::JsonlReader;
 using mmpost::io::JsonlRecord;
 using mmpost::io::JsonlWriter;
 
+using mmpost::testing::TempDir;
+using mmpost::testing::read_all;
+
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("mmpost_test_io_jsonl_" + std::to_string(::getpid()) + "_" + std::to_string(++counter));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
-std::string read_all(const fs::path& file) {
-  std::ostringstream ss;
-  ss << std::ifstream(file, std::ios::binary).rdbuf();
-  return ss.str();
-}
 
 }  // namespace
 

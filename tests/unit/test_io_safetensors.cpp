@@ -12,28 +12,18 @@
 #include <nlohmann/json.hpp>
 
 #include "catch.h"
+#include "test_util.h"
 #include "mmpost/core/check.h"
 #include "mmpost/io/safetensors.h"
 
 namespace fs = std::filesystem;
 using mmpost::io::SafetensorsFile;
 
+using mmpost::testing::TempDir;
+using mmpost::testing::read_all;
+
 namespace {
 
-struct TempDir {
-  fs::path path;
-  TempDir() {
-    static int counter = 0;
-    path = fs::temp_directory_path() /
-           ("mmpost_test_io_st_" + std::to_string(::getpid()) + "_" + std::to_string(++counter));
-    fs::remove_all(path);
-    fs::create_directories(path);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
 
 // Writes [u64 header_len][header][data] with an explicit (possibly lying) header length.
 void write_raw(const fs::path& file, uint64_t header_len, const std::string& header,
