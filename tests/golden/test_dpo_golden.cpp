@@ -37,7 +37,8 @@ algo::DpoLossConfig config_from(const nlohmann::json& c) {
   cfg.beta = c.at("beta").get<double>();
   cfg.label_smoothing = c.value("label_smoothing", 0.0);
   cfg.loss_types.clear();
-  for (const auto& n : c.at("loss_types")) cfg.loss_types.push_back(algo::parse_dpo_loss_type(n));
+  for (const auto& n : c.at("loss_types"))
+    cfg.loss_types.push_back(algo::parse_dpo_loss_type(n.get<std::string>()));
   if (c.contains("loss_weights")) cfg.loss_weights = c["loss_weights"].get<std::vector<double>>();
   cfg.simpo_gamma = c.value("simpo_gamma", cfg.simpo_gamma);
   cfg.discopop_tau = c.value("discopop_tau", cfg.discopop_tau);
@@ -62,7 +63,7 @@ TEST_CASE("dpo_loss matches TRL for every loss type and option", "[golden][dpo]"
   REQUIRE(meta["cases"].size() >= 20);
 
   for (const auto& c : meta["cases"]) {
-    const std::string name = c["name"];
+    const auto name = c.at("name").get<std::string>();
     INFO("case " << name);
     const auto cfg = config_from(c);
     const auto out = algo::dpo_loss(policy, &reference, cfg);
