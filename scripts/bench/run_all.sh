@@ -53,7 +53,7 @@ DIGITS=(--data data/digits-vqa/train.jsonl --image-size 8 --patch-size 4 --inter
 run_pre() {  # dataset impl workers repeat args...
   local ds=$1 impl=$2 w=$3 r=$4; shift 4
   local line
-  if [[ $impl == mmpost ]]; then
+  if [[ $impl == mmpost* ]]; then
     line=$("$PRE" bench-preprocess "$@" --num-workers "$w" --num-threads 1 2>"$OUT/last.err" | tail -1) || true
   else
     line=$("$PY" scripts/bench/ref_preprocess.py "$@" --num-workers "$w" --num-threads 1 2>"$OUT/last.err" | tail -1) || true

@@ -108,7 +108,8 @@ class StreamingLoader {
         if (!opts_.skip_bad) {
           stop_epoch();
           throw Error(ErrorKind::kData, r->error,
-                      "fix the record, or set data.on_bad_sample=skip to skip and count it");
+                      "fix the record, or skip bad records and count them (recipe: "
+                      "data.on_bad_sample=skip; eval: --on-bad-sample skip)");
         }
         if (++n_skipped_ <= 10) log_warn("skipped: " + r->error);
         continue;
