@@ -173,6 +173,7 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
                                       cfg.train.keep_last_n_checkpoints, &tokenizer);
     log_info("sft: checkpoint " + dir.string());
   };
+  io::JsonlWriter metrics(out / "metrics.jsonl");
   auto run_eval = [&]() {
     if (cfg.data.eval.empty()) return;
     train::ExactMatchOptions eo;
@@ -183,12 +184,10 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
     auto r = train::evaluate_exact_match(model, ctx, cfg.data.eval, eo, device, dtype, nullptr);
     log_info("sft: eval step " + std::to_string(state.step) + " accuracy " + fmt(r.accuracy) +
              " (" + std::to_string(r.n_correct) + "/" + std::to_string(r.n) + ")");
-    io::JsonlWriter(out / "metrics.jsonl")
-        .write({{"step", state.step}, {"eval/accuracy", r.accuracy}, {"eval/n", r.n}});
+    metrics.write({{"step", state.step}, {"eval/accuracy", r.accuracy}, {"eval/n", r.n}});
   };
 
   // ---- loop --------------------------------------------------------------------------------
-  io::JsonlWriter metrics(out / "metrics.jsonl");
   Progress progress("sft", total_steps);
   progress.update(state.step);
   auto t_last = std::chrono::steady_clock::now();
@@ -202,8 +201,9 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
     for (int64_t a = 0; a < cfg.train.gradient_accumulation_steps; ++a) {
       auto samples = loader.next_batch();
       MMPOST_CHECK_DATA(samples.has_value(), cfg.data.train, ": no training samples");
-      micro.push_back(data::collate(*samples, pad_id).to(device, dtype));
-      n_targets += algo::n_supervised_targets(micro.back().labels);
+      auto cpu_batch = data::collate(*samples, pad_id);
+      n_targets += algo::n_supervised_targets(cpu_batch.labels);  // on the CPU: no device sync
+      micro.push_back(cpu_batch.to(device, dtype));
       samples_window += static_cast<int64_t>(samples->size());
       step_tokens += micro.back().n_tokens;
     }

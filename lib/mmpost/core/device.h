@@ -23,7 +23,7 @@ std::string dtype_name(torch::Dtype dtype);
 /// Seeds torch's CPU and CUDA generators.
 void seed_everything(uint64_t seed);
 
-/// Number of intra-op threads (torch::get_num_threads) as a string for logs.
+/// Short device description for logs: "cpu (N threads)" (torch intra-op threads) or "cuda:K".
 std::string describe_device(const torch::Device& device);
 
 }  // namespace mmpost

@@ -8,7 +8,7 @@
 
 namespace mmpost {
 
-/// Writes "[mmpost HH:MM:SS] msg" to stderr; thread-safe; rank > 0 stays quiet unless `all_ranks`.
+/// Writes "[mmpost HH:MM:SS] msg" to stderr; thread-safe; ranks other than 0 stay quiet.
 void log_info(const std::string& msg);
 /// Same with a "warning: " prefix.
 void log_warn(const std::string& msg);

@@ -57,12 +57,13 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
     }
     auto batch = data::collate_prompts(*samples, gen.pad_token_id).to(device, dtype);
     auto out = model::generate(model, batch.input_ids, batch.attention_mask, batch.pixel_values, gen);
-    auto seqs = out.sequences.cpu();
-    auto lens = out.lengths.cpu();
+    auto seqs_t = out.sequences.cpu();
+    auto lens_t = out.lengths.cpu();
+    auto seqs = seqs_t.accessor<int64_t, 2>();
+    auto lens = lens_t.accessor<int64_t, 1>();
     for (size_t i = 0; i < samples->size(); ++i) {
-      int64_t n = lens[i].item<int64_t>();
       std::vector<int64_t> ids;
-      for (int64_t k = 0; k < n; ++k) ids.push_back(seqs[i][k].item<int64_t>());
+      for (int64_t k = 0; k < lens[i]; ++k) ids.push_back(seqs[i][k]);
       std::string pred = trim(tok.decode(ids));
       bool correct = pred == trim((*samples)[i].reference);
       r.n_correct += correct ? 1 : 0;
