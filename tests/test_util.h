@@ -1,7 +1,10 @@
 // Shared test helpers: a self-removing temporary folder and whole-file reads.
 #pragma once
 
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <cstdlib>
 
 #include <filesystem>
 #include <fstream>
@@ -34,6 +37,23 @@ inline std::string read_all(const std::filesystem::path& file) {
   std::ostringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+/// Result of one CLI run.
+struct CliResult {
+  int code;  // exit status (-1 if killed by a signal)
+  std::string out, err;
+};
+
+/// Runs the mmpost binary (MMPOST_BINARY) from the repo root with `args`; stdout and stderr are
+/// captured through files in `tmp` (created if needed).
+inline CliResult run_cli(const std::string& args, const std::filesystem::path& tmp) {
+  std::filesystem::create_directories(tmp);
+  std::string cmd = std::string("cd ") + MMPOST_SOURCE_DIR + " && " + MMPOST_BINARY + " " + args +
+                    " > " + (tmp / "stdout.txt").string() + " 2> " + (tmp / "stderr.txt").string();
+  int status = std::system(cmd.c_str());
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_all(tmp / "stdout.txt"),
+          read_all(tmp / "stderr.txt")};
 }
 
 }  // namespace mmpost::testing

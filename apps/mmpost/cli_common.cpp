@@ -30,7 +30,10 @@ std::vector<std::string> resolved_overrides(const CommonArgs& a) {
 
 void register_subcommands(CLI::App& app) {
   stages().push_back(setup_sft(app));
+  stages().push_back(setup_dpo(app));
+  stages().push_back(setup_rm(app));
   stages().push_back(setup_eval(app));
+  stages().push_back(setup_generate(app));
   stages().push_back(setup_bench(app));
   stages().push_back(setup_inspect(app));
 }

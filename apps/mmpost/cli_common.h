@@ -35,7 +35,10 @@ struct Stage {
 
 /// Stage registrations (each in its own file).
 Stage setup_sft(CLI::App& app);
+Stage setup_dpo(CLI::App& app);
+Stage setup_rm(CLI::App& app);
 Stage setup_eval(CLI::App& app);
+Stage setup_generate(CLI::App& app);
 Stage setup_bench(CLI::App& app);  // hidden: bench-preprocess (scripts/bench)
 Stage setup_inspect(CLI::App& app);
 

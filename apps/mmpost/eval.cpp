@@ -1,6 +1,9 @@
 // mmpost eval: greedy generation with the KV cache over a JSONL split, exact-match accuracy of
 // the trimmed prediction against the final assistant turn. Per-sample predictions go to --out;
 // the last line on stdout is one JSON object {"n", "accuracy", "samples_per_s", ...}.
+// On preference JSONL (records with "chosen") it reports instead the reward accuracy and mean
+// margin of the policy against --ref-model (rewards beta * log pi/ref, as DPO defines them).
+#include <chrono>
 #include <filesystem>
 #include <iostream>
 
@@ -12,6 +15,7 @@
 #include "mmpost/io/hf_folder.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/train/evaluate.h"
+#include "mmpost/train/preference.h"
 
 namespace mmpost::cli {
 namespace fs = std::filesystem;
@@ -30,7 +34,61 @@ struct EvalArgs {
   int64_t num_workers = 2;
   int64_t num_threads = 0;
   std::string on_bad_sample = "error";
+  std::string ref_model;   // preference data: reference policy (empty = reference-free)
+  double beta = 0.1;       // preference data: DPO beta of the implicit reward
 };
+
+/// True when the first well-formed record of `path` is a preference pair (has "chosen").
+bool is_preference_file(const std::string& path) {
+  io::JsonlReader reader(path);
+  io::JsonlRecord rec;
+  while (reader.next(rec)) {
+    if (rec.error.empty()) return rec.value.contains("chosen");
+  }
+  return false;
+}
+
+/// Reward accuracy / margins of the policy vs a reference on preference pairs.
+int run_preference_eval(const EvalArgs& a, io::Pretrained& p, data::SampleContext& ctx,
+                        const torch::Device& device, torch::Dtype dtype) {
+  model::Vlm ref{nullptr};
+  if (!a.ref_model.empty()) {
+    ref = io::load_pretrained(a.ref_model).model;
+    ref->to(device, dtype);
+    ref->eval();
+  }
+  train::PreferenceEvalOptions o;
+  o.beta = a.beta;
+  o.batch_size = a.batch_size;
+  o.max_samples = a.max_samples;
+  o.num_workers = a.num_workers;
+  o.skip_bad = a.on_bad_sample == "skip";
+  o.limits.max_length = a.max_length;
+  log_info("eval: preference pairs in " + a.data + "; policy " + a.model_dir + ", reference " +
+           (a.ref_model.empty() ? std::string("none (reference-free)") : a.ref_model));
+  auto start = std::chrono::steady_clock::now();
+  auto r = train::evaluate_preferences(p.model, ref ? &ref : nullptr, ctx, a.data, o, device,
+                                       dtype);
+  double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  log_info("eval: rewards/accuracies " + std::to_string(r.accuracy) + " rewards/margins " +
+           std::to_string(r.margin) + " (" + std::to_string(r.n) + " pairs, " +
+           std::to_string(r.n_skipped) + " skipped)");
+  nlohmann::json result = {{"n", r.n},
+                           {"rewards/accuracies", r.accuracy},
+                           {"rewards/margins", r.margin},
+                           {"rewards/chosen", r.reward_chosen},
+                           {"rewards/rejected", r.reward_rejected},
+                           {"logps/chosen", r.logps_chosen},
+                           {"logps/rejected", r.logps_rejected},
+                           {"n_skipped", r.n_skipped},
+                           {"beta", a.beta},
+                           {"samples_per_s", secs > 0 ? r.n / secs : 0.0},
+                           {"model", a.model_dir},
+                           {"ref_model", a.ref_model.empty() ? nlohmann::json() : nlohmann::json(a.ref_model)},
+                           {"data", a.data}};
+  std::cout << result.dump() << std::endl;
+  return 0;
+}
 
 int run_eval(const EvalArgs& a) {
   // ---- setup -------------------------------------------------------------------------------
@@ -58,6 +116,7 @@ int run_eval(const EvalArgs& a) {
                           p.config.n_image_tokens(), true};
   ctx.image = p.image;
   ctx.max_length = a.max_length;
+  if (is_preference_file(a.data)) return run_preference_eval(a, p, ctx, device, dtype);
   std::unique_ptr<io::JsonlWriter> preds;
   if (!a.out.empty()) {
     if (fs::path(a.out).has_parent_path()) fs::create_directories(fs::path(a.out).parent_path());
@@ -106,6 +165,10 @@ Stage setup_eval(CLI::App& app) {
   sub->add_option("--num-threads", a.num_threads, "torch CPU threads (0 = default)")
       ->capture_default_str();
   sub->add_option("--on-bad-sample", a.on_bad_sample, "error | skip")->capture_default_str();
+  sub->add_option("--ref-model", a.ref_model,
+                  "preference data: reference model folder (default: reference-free rewards)");
+  sub->add_option("--beta", a.beta, "preference data: beta of the implicit reward")
+      ->capture_default_str();
   return {sub, [] { return run_eval(a); }};
 }
 

@@ -10,6 +10,7 @@
 
 #include "mmpost/algo/sft_loss.h"
 #include "mmpost/cli_common.h"
+#include "mmpost/stage_common.h"
 #include "mmpost/config/recipe.h"
 #include "mmpost/config/schema.h"
 #include "mmpost/core/check.h"
@@ -28,36 +29,6 @@
 namespace mmpost::cli {
 namespace fs = std::filesystem;
 
-namespace {
-
-std::string fmt(double v, int prec = 4) {
-  std::ostringstream os;
-  os << std::setprecision(prec) << v;
-  return os.str();
-}
-
-/// Freezes the named parts ("vision_tower", "projector", "language_model").
-void freeze_parts(model::Vlm& m, const std::vector<std::string>& parts) {
-  for (const auto& part : parts) {
-    torch::nn::Module* mod = nullptr;
-    if (part == "vision_tower") mod = m->vision_tower.ptr().get();
-    if (part == "projector") mod = m->multi_modal_projector.ptr().get();
-    if (part == "language_model") mod = m->language_model.ptr().get();
-    MMPOST_CHECK_USAGE(mod != nullptr, "model.freeze: unknown part \"", part, "\"");
-    for (auto& p : mod->parameters()) p.set_requires_grad(false);
-  }
-}
-
-int64_t count_params(const model::Vlm& m, bool trainable_only) {
-  int64_t n = 0;
-  for (const auto& p : m->parameters()) {
-    if (!trainable_only || p.requires_grad()) n += p.numel();
-  }
-  return n;
-}
-
-}  // namespace
-
 /// Runs SFT for a validated recipe; returns the exit code (0, or 128 + signal after a stop).
 int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   // ---- setup -------------------------------------------------------------------------------
@@ -75,52 +46,15 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   if (allow_resume) ckpt = io::latest_complete_checkpoint(out);
 
   // ---- model -------------------------------------------------------------------------------
-  model::Vlm model{nullptr};
-  fs::path tokenizer_path = cfg.model.tokenizer;
-  data::ImageProcessorConfig image{0, cfg.data.image.resize_mode, cfg.data.image.interpolation,
-                                   cfg.data.image.image_mean, cfg.data.image.image_std};
-  fs::path model_src;
-  if (ckpt || !cfg.model.path.empty()) {
-    fs::path src = ckpt ? *ckpt : fs::path(cfg.model.path);
-    model_src = src;
-    log_info("sft: loading model from " + src.string());
-    auto p = io::load_pretrained(src);
-    model = p.model;
-    if (tokenizer_path.empty() || ckpt) tokenizer_path = p.tokenizer_path;
-    if (fs::is_regular_file(src / "preprocessor_config.json")) image = p.image;
-  } else {
-    auto vcfg = model::vlm_config_from_json(cfg.model.config);
-    model = model::build_vlm(vcfg);  // random init, seeded above
-  }
-  const auto& mcfg = model->config();
-  image.image_size = mcfg.vision_config.image_size;
-  MMPOST_CHECK_USAGE(!tokenizer_path.empty(), "model.tokenizer: no tokenizer.model found",
-                     "set model.tokenizer to a sentencepiece model");
-  data::Tokenizer tokenizer(tokenizer_path.string());
-  if (!model_src.empty() && tokenizer_path.parent_path() == model_src) {
-    io::add_hf_added_tokens(tokenizer, model_src);  // e.g. llava-hf's <image> 32000, <pad> 32001
-  }
-  tokenizer.add_special_token(data::kImagePlaceholder, mcfg.image_token_index);
-  MMPOST_CHECK_USAGE(tokenizer.vocab_size() <= mcfg.text_config.vocab_size, "tokenizer ",
-                     tokenizer_path.string(), " has ", tokenizer.vocab_size(),
-                     " ids but text_config.vocab_size is ", mcfg.text_config.vocab_size);
-  freeze_parts(model, cfg.model.freeze);
-  model->to(device, dtype);
-  model->train();
-  log_info("sft: model " + std::to_string(count_params(model, false)) + " parameters, " +
-           std::to_string(count_params(model, true)) + " trainable; " + describe_device(device) +
-           ", " + dtype_name(dtype));
+  auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "sft");
+  model::Vlm model = sm.model;
+  data::Tokenizer& tokenizer = *sm.tokenizer;
+  const fs::path tokenizer_path = sm.tokenizer_path;
+  const data::ImageProcessorConfig image = sm.image;
 
   // ---- data --------------------------------------------------------------------------------
-  const int64_t pad_id = tokenizer.pad_id() >= 0 ? tokenizer.pad_id() : tokenizer.eos_id();
-  data::SampleContext ctx;
-  ctx.tokenizer = &tokenizer;
-  ctx.template_options = {data::parse_chat_template(cfg.data.chat_template),
-                          mcfg.image_token_index, mcfg.n_image_tokens(), false};
-  ctx.image = image;
-  ctx.base_dir = fs::path(cfg.data.train).parent_path();
-  ctx.source = cfg.data.train;
-  ctx.max_length = cfg.data.max_length;
+  const int64_t pad_id = pad_id_of(tokenizer);
+  data::SampleContext ctx = make_sample_context(sm, cfg.data, cfg.data.train);
   data::SampleContext train_ctx = ctx;  // eval (ctx) never augments
   train_ctx.random_shift = cfg.data.image.random_shift;
   data::LoaderOptions lo;

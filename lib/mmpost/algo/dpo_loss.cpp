@@ -276,4 +276,41 @@ DpoLossOutput dpo_loss(const PreferenceLogps& policy, const PreferenceLogps* ref
   return out;
 }
 
+PreferenceLogps preference_logps(const TokenStats& s, int64_t B) {
+  TORCH_CHECK(s.logps.dim() == 2 && s.logps.size(0) >= 2 * B, "preference_logps: need 2B rows");
+  auto logps = s.logps.narrow(0, 0, 2 * B);
+  auto mask = s.mask.narrow(0, 0, 2 * B);
+  auto sums = logps.sum(/*dim=*/-1);                    // [2B]
+  auto n = mask.sum(/*dim=*/-1).to(torch::kFloat32);    // [2B]
+  // Position of each token within its completion (1-based) for the LD-DPO tail.
+  auto pos = mask.to(torch::kInt64).cumsum(/*dim=*/-1);  // [2B, T-1]
+  auto n_c = n.narrow(0, 0, B), n_r = n.narrow(0, B, B);
+  auto shared = torch::minimum(n_c, n_r).repeat({2}).to(torch::kInt64).unsqueeze(-1);  // [2B, 1]
+  auto tails = (logps * (mask & pos.gt(shared)).to(logps.scalar_type())).sum(/*dim=*/-1);
+  PreferenceLogps p;
+  p.chosen = sums.narrow(0, 0, B);
+  p.rejected = sums.narrow(0, B, B);
+  p.n_chosen = n_c;
+  p.n_rejected = n_r;
+  p.chosen_tail = tails.narrow(0, 0, B);
+  p.rejected_tail = tails.narrow(0, B, B);
+  if (s.log_sum_sq.defined()) {
+    auto sq = s.log_sum_sq.narrow(0, 0, 2 * B).sum(/*dim=*/-1);
+    p.chosen_log_sum_sq = sq.narrow(0, 0, B);
+    p.rejected_log_sum_sq = sq.narrow(0, B, B);
+  }
+  return p;
+}
+
+MdpoLosses mdpo_loss(const torch::Tensor& policy_chosen, const torch::Tensor& ref_chosen,
+                     const torch::Tensor& policy_chosen_corrupted,
+                     const torch::Tensor& ref_chosen_corrupted, double beta, double anchor_delta) {
+  auto ratio = policy_chosen - ref_chosen;                                // [B]
+  auto ratio_corrupted = policy_chosen_corrupted - ref_chosen_corrupted;  // [B]
+  MdpoLosses out;
+  out.conditional = -torch::nn::functional::logsigmoid(beta * (ratio - ratio_corrupted));
+  out.anchor = -torch::nn::functional::logsigmoid(beta * ratio - anchor_delta);
+  return out;
+}
+
 }  // namespace mmpost::algo

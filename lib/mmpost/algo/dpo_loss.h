@@ -10,6 +10,8 @@
 
 #include <torch/torch.h>
 
+#include "mmpost/algo/logprobs.h"
+
 namespace mmpost::algo {
 
 /// One preference loss; names (parse/to_string) are TRL's `loss_type` strings.
@@ -68,5 +70,23 @@ void validate(const DpoLossConfig& cfg);
 /// is missing (TORCH_CHECK for shape mismatches).
 DpoLossOutput dpo_loss(const PreferenceLogps& policy, const PreferenceLogps* reference,
                        const DpoLossConfig& cfg);
+
+/// Sums token statistics of a concatenated batch into PreferenceLogps: rows [0, B) of `s` are the
+/// chosen completions, rows [B, 2B) the rejected ones (further rows, e.g. mDPO's, are ignored).
+/// Fills counts, LD-DPO tails (tokens past min(n_chosen, n_rejected) of each pair) and, when
+/// s.log_sum_sq is defined, WPO's sums. All outputs [B] float32.
+PreferenceLogps preference_logps(const TokenStats& s, int64_t B);
+
+/// mDPO terms (Wang et al. 2024, arXiv:2406.11839, Eqs. 4-5), per pair [B]:
+///   conditional = -log sigmoid(beta * [(pi_c - ref_c) - (pi_c' - ref_c')]) where ' is the chosen
+///                 response scored with the corrupted image;
+///   anchor      = -log sigmoid(beta * (pi_c - ref_c) - delta).
+/// Inputs are summed completion log-probs [B] (policy and reference, true and corrupted image).
+struct MdpoLosses {
+  torch::Tensor conditional, anchor;
+};
+MdpoLosses mdpo_loss(const torch::Tensor& policy_chosen, const torch::Tensor& ref_chosen,
+                     const torch::Tensor& policy_chosen_corrupted,
+                     const torch::Tensor& ref_chosen_corrupted, double beta, double anchor_delta);
 
 }  // namespace mmpost::algo

@@ -37,4 +37,24 @@ std::pair<torch::Tensor, torch::Tensor> sequence_logps(const torch::Tensor& logi
   return {per_token.sum(/*dim=*/-1), n};
 }
 
+TokenStats token_stats(const torch::Tensor& logits, const torch::Tensor& labels,
+                       bool with_log_sum_sq) {
+  auto [lg, lb] = shift_for_causal_lm(logits, labels);  // [R, T-1, V], [R, T-1]
+  TokenStats s;
+  s.mask = lb.ne(-100);
+  auto safe = lb.masked_fill(~s.mask, 0);
+  std::vector<torch::Tensor> logps, sum_sq, logit_sums;
+  for (int64_t i = 0; i < lg.size(0); ++i) {
+    auto logp = torch::log_softmax(lg[i].to(torch::kFloat32), /*dim=*/-1);  // [T-1, V]
+    logps.push_back(logp.gather(/*dim=*/-1, safe[i].unsqueeze(-1)).squeeze(-1));
+    if (with_log_sum_sq) sum_sq.push_back(torch::logsumexp(2 * logp, /*dim=*/-1));
+    auto m = s.mask[i].unsqueeze(-1).to(torch::kFloat32);
+    logit_sums.push_back((lg[i].to(torch::kFloat32) * m).sum());
+  }
+  s.logps = torch::stack(logps).masked_fill(~s.mask, 0.0);
+  if (with_log_sum_sq) s.log_sum_sq = torch::stack(sum_sq).masked_fill(~s.mask, 0.0);
+  s.logits_sum = torch::stack(logit_sums);
+  return s;
+}
+
 }  // namespace mmpost::algo

@@ -22,4 +22,19 @@ torch::Tensor selective_log_softmax(const torch::Tensor& logits, const torch::Te
 std::pair<torch::Tensor, torch::Tensor> sequence_logps(const torch::Tensor& logits,
                                                        const torch::Tensor& labels);
 
+/// Per-token quantities of the supervised tokens of R sequences, after the causal shift.
+struct TokenStats {
+  torch::Tensor logps;       // [R, T-1] float32 log p(label), 0 where ignored
+  torch::Tensor mask;        // [R, T-1] bool, label != -100
+  torch::Tensor log_sum_sq;  // [R, T-1] float32 log sum_v p_v^2 (WPO), 0 where ignored; or undefined
+  torch::Tensor logits_sum;  // [R] float32 sum of logits over supervised positions and the vocab
+};
+
+/// token_stats(logits [R, T, V], labels [R, T] unshifted, -100 = ignored): one row's float32
+/// log_softmax at a time (never a second [R, T, V] float32 copy). `with_log_sum_sq` adds WPO's
+/// log sum_v p_v^2 (TRL DPOTrainer, use_weighting). logits_sum / (n_tokens * V) is TRL's
+/// logits/chosen metric.
+TokenStats token_stats(const torch::Tensor& logits, const torch::Tensor& labels,
+                       bool with_log_sum_sq = false);
+
 }  // namespace mmpost::algo

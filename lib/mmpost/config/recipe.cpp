@@ -14,9 +14,16 @@ void check_one_of(const std::string& path, const std::string& value,
   for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
   throw Error(ErrorKind::kUsage, path + ": \"" + value + "\" is not valid", "valid values: " + list);
 }
-}  // namespace
 
-void SftConfig::validate() const {
+
+/// Rules shared by every training stage's recipe.
+template <class Config>
+void validate_common(const Config& c) {
+  const auto& model = c.model;
+  const auto& data = c.data;
+  const auto& optim = c.optim;
+  const auto& scheduler = c.scheduler;
+  const auto& train = c.train;
   MMPOST_CHECK_USAGE(!model.path.empty() || model.config.is_object(),
                      "model: set model.path (an HF-layout folder) or model.config (an inline HF "
                      "LlavaConfig for random init)");
@@ -64,19 +71,64 @@ void SftConfig::validate() const {
   MMPOST_CHECK_USAGE(train.eval_every_n_steps >= 0, "train.eval_every_n_steps: must be >= 0");
   MMPOST_CHECK_USAGE(train.keep_last_n_checkpoints >= 1,
                      "train.keep_last_n_checkpoints: must be >= 1");
-  MMPOST_CHECK_USAGE(num_threads >= 0, "num_threads: must be >= 0");
-  check_one_of("dtype", dtype, {"auto", "float32", "bfloat16"});
+  MMPOST_CHECK_USAGE(c.num_threads >= 0, "num_threads: must be >= 0");
+  check_one_of("dtype", c.dtype, {"auto", "float32", "bfloat16"});
 }
 
-SftConfig load_sft_config(const std::string& recipe_path, const std::vector<std::string>& sets) {
+template <class Config>
+Config load_config(const std::string& recipe_path, const std::vector<std::string>& sets) {
   nlohmann::json j = recipe_path.empty() ? nlohmann::json::object() : read_json_file(recipe_path);
   MMPOST_CHECK_USAGE(j.is_object(), recipe_path, ": a recipe must be a JSON object");
   for (const auto& s : sets) apply_override(j, s);
   std::string source = recipe_path.empty() ? "recipe" : recipe_path;
   if (!sets.empty()) source += " (with --set)";
-  SftConfig cfg = from_json<SftConfig>(j, source);
+  Config cfg = from_json<Config>(j, source);
   cfg.validate();
   return cfg;
+}
+}  // namespace
+
+void SftConfig::validate() const { validate_common(*this); }
+
+SftConfig load_sft_config(const std::string& recipe_path, const std::vector<std::string>& sets) {
+  return load_config<SftConfig>(recipe_path, sets);
+}
+
+void DpoConfig::validate() const {
+  validate_common(*this);
+  MMPOST_CHECK_USAGE(dpo.beta > 0, "dpo.beta: must be > 0");
+  MMPOST_CHECK_USAGE(!dpo.loss_type.empty(), "dpo.loss_type: at least one loss type");
+  MMPOST_CHECK_USAGE(dpo.loss_weights.empty() || dpo.loss_weights.size() == dpo.loss_type.size(),
+                     "dpo.loss_weights: ", dpo.loss_weights.size(), " weight(s) for ",
+                     dpo.loss_type.size(), " loss type(s)");
+  MMPOST_CHECK_USAGE(dpo.rpo_alpha >= 0, "dpo.rpo_alpha: must be >= 0");
+  MMPOST_CHECK_USAGE(dpo.label_smoothing >= 0 && dpo.label_smoothing < 0.5,
+                     "dpo.label_smoothing: must be in [0, 0.5)");
+  MMPOST_CHECK_USAGE(dpo.ld_alpha.is_null() || dpo.ld_alpha.is_number(),
+                     "dpo.ld_alpha: expected null or a number in [0, 1]");
+  MMPOST_CHECK_USAGE(dpo.max_prompt_length >= 0 && dpo.max_completion_length >= 0,
+                     "dpo.max_prompt_length / dpo.max_completion_length: must be >= 0");
+  if (!dpo.ref_dtype.empty()) check_one_of("dpo.ref_dtype", dpo.ref_dtype, {"float32", "bfloat16"});
+  check_one_of("dpo.mdpo.corruption", dpo.mdpo.corruption, {"crop", "mask", "noise"});
+  MMPOST_CHECK_USAGE(dpo.mdpo.corruption_strength >= 0 &&
+                         (dpo.mdpo.corruption == "noise" || dpo.mdpo.corruption_strength < 1),
+                     "dpo.mdpo.corruption_strength: must be in [0, 1) for crop/mask, >= 0 for noise");
+}
+
+DpoConfig load_dpo_config(const std::string& recipe_path, const std::vector<std::string>& sets) {
+  return load_config<DpoConfig>(recipe_path, sets);
+}
+
+void RmConfig::validate() const {
+  validate_common(*this);
+  MMPOST_CHECK_USAGE(rm.center_rewards_coefficient >= 0,
+                     "rm.center_rewards_coefficient: must be >= 0");
+  MMPOST_CHECK_USAGE(rm.max_prompt_length >= 0 && rm.max_completion_length >= 0,
+                     "rm.max_prompt_length / rm.max_completion_length: must be >= 0");
+}
+
+RmConfig load_rm_config(const std::string& recipe_path, const std::vector<std::string>& sets) {
+  return load_config<RmConfig>(recipe_path, sets);
 }
 
 }  // namespace mmpost::config

@@ -159,4 +159,150 @@ struct SftConfig {
 /// Loads a recipe file, applies --set overrides, parses strictly and validates.
 SftConfig load_sft_config(const std::string& recipe_path, const std::vector<std::string>& sets);
 
+/// mDPO (Wang et al. 2024, arXiv:2406.11839): conditional preference + anchor terms.
+struct MdpoSection {
+  bool enabled = false;
+  std::string corruption = "crop";   // crop | mask | noise
+  double corruption_strength = 0.8;  // crop: area removed; mask: area masked; noise: std
+  double conditional_weight = 1.0;
+  bool anchor = true;
+  double anchor_weight = 1.0;
+  double anchor_delta = 0.0;         // reward floor delta of the anchor (paper: 0)
+  template <class V>
+  void visit(V& v) {
+    v("enabled", enabled, "add mDPO's conditional term (true vs corrupted image) and anchor");
+    v("corruption", corruption, "crop | mask | noise (how the conditional image is corrupted)");
+    v("corruption_strength", corruption_strength,
+      "crop: fraction of area removed; mask: fraction masked; noise: std (normalized units)");
+    v("conditional_weight", conditional_weight, "weight of the conditional preference term");
+    v("anchor", anchor, "add the anchor term -log sigmoid(beta * chosen ratio - delta)");
+    v("anchor_weight", anchor_weight, "weight of the anchor term");
+    v("anchor_delta", anchor_delta, "anchor reward floor delta");
+  }
+};
+
+/// Preference optimization settings; names follow TRL's DPOConfig.
+struct DpoSection {
+  double beta = 0.1;
+  std::vector<std::string> loss_type = {"sigmoid"};
+  std::vector<double> loss_weights;
+  double label_smoothing = 0.0;
+  double rpo_alpha = 0.0;            // adds rpo_alpha * NLL(chosen) (TRL < 1.0's RPO)
+  double simpo_gamma = 0.5;
+  double discopop_tau = 0.05;
+  bool use_weighting = false;
+  nlohmann::json ld_alpha;           // null = off, else in [0, 1]
+  int64_t max_prompt_length = 0;     // 0 = no limit
+  int64_t max_completion_length = 0; // 0 = no limit
+  std::string ref_model;             // empty: frozen copy of the starting policy
+  std::string ref_dtype;             // empty: same as dtype; float32 | bfloat16
+  bool precompute_ref_log_probs = false;
+  MdpoSection mdpo;
+  template <class V>
+  void visit(V& v) {
+    v("beta", beta, "DPO temperature (IPO tau, SimPO beta, ORPO lambda)");
+    v("loss_type", loss_type,
+      "one or a list of: sigmoid, hinge, ipo, exo_pair, nca_pair, robust, bco_pair, sppo_hard, "
+      "aot, aot_unpaired, apo_zero, apo_down, discopop, sft, sigmoid_norm, simpo, orpo");
+    v("loss_weights", loss_weights, "one weight per loss_type (empty: all 1)");
+    v("label_smoothing", label_smoothing,
+      "robust/exo_pair/aot label noise; on sigmoid = conservative DPO");
+    v("rpo_alpha", rpo_alpha, "RPO: adds rpo_alpha * NLL of the chosen completion (0: off)");
+    v("simpo_gamma", simpo_gamma, "SimPO target reward margin");
+    v("discopop_tau", discopop_tau, "DiscoPOP temperature");
+    v("use_weighting", use_weighting, "WPO pair weighting");
+    v("ld_alpha", ld_alpha, "LD-DPO weight of tokens past the shorter completion (null: off)");
+    v("max_prompt_length", max_prompt_length, "prompt tokens kept (from the end; 0: all)");
+    v("max_completion_length", max_completion_length, "completion tokens kept (0: all)");
+    v("ref_model", ref_model, "reference model folder (empty: frozen copy of the start policy)");
+    v("ref_dtype", ref_dtype, "reference dtype: float32 | bfloat16 (empty: as dtype)");
+    v("precompute_ref_log_probs", precompute_ref_log_probs,
+      "score the reference once before training, cache next to the run, drop the model");
+    v("mdpo", mdpo, "multimodal DPO terms");
+  }
+};
+
+/// `mmpost dpo` recipe: the SFT sections plus `dpo`. data.train / data.eval are preference JSONL.
+struct DpoConfig {
+  std::string output_dir = "runs/dpo";
+  int64_t seed = 42;
+  std::string device = "auto";
+  std::string dtype = "float32";
+  int64_t num_threads = 0;
+  ModelSection model;
+  DataSection data;
+  OptimSection optim;
+  SchedulerSection scheduler;
+  TrainSection train;
+  DpoSection dpo;
+  template <class V>
+  void visit(V& v) {
+    v("output_dir", output_dir, "where checkpoints, metrics and the final model go");
+    v("seed", seed, "seed for shuffling and mDPO corruption");
+    v("device", device, "auto | cpu | cuda | cuda:N");
+    v("dtype", dtype, "float32 | bfloat16 (policy parameters and compute)");
+    v("num_threads", num_threads, "CPU threads for torch (0: default)");
+    v("model", model, "starting policy (an SFT output folder or any supported checkpoint)");
+    v("data", data, "preference data (TRL preference JSONL) and preprocessing");
+    v("optim", optim, "AdamW");
+    v("scheduler", scheduler, "learning-rate schedule");
+    v("train", train, "loop");
+    v("dpo", dpo, "preference loss and reference model");
+  }
+  /// Cross-field rules; throws Error(kUsage) naming the fields.
+  void validate() const;
+};
+
+/// Loads a DPO recipe file, applies --set overrides, parses strictly and validates.
+DpoConfig load_dpo_config(const std::string& recipe_path, const std::vector<std::string>& sets);
+
+/// Reward-model settings; names follow TRL's RewardConfig. A record's optional "margin" (a number)
+/// is subtracted inside the Bradley-Terry sigmoid (TRL; Llama 2 Sec. 3.2.2).
+struct RmSection {
+  double center_rewards_coefficient = 0.0;  // 0 = off (TRL: None)
+  int64_t max_prompt_length = 0;             // 0 = no limit
+  int64_t max_completion_length = 0;         // 0 = no limit
+  template <class V>
+  void visit(V& v) {
+    v("center_rewards_coefficient", center_rewards_coefficient,
+      "weight of mean((r_chosen + r_rejected)^2), Eisenstein et al. 2023 (0: off)");
+    v("max_prompt_length", max_prompt_length, "prompt tokens kept (from the end; 0: all)");
+    v("max_completion_length", max_completion_length, "completion tokens kept (0: all)");
+  }
+};
+
+/// `mmpost rm` recipe: the SFT sections plus `rm`. data.train / data.eval are preference JSONL.
+struct RmConfig {
+  std::string output_dir = "runs/rm";
+  int64_t seed = 42;
+  std::string device = "auto";
+  std::string dtype = "float32";
+  int64_t num_threads = 0;
+  ModelSection model;
+  DataSection data;
+  OptimSection optim;
+  SchedulerSection scheduler;
+  TrainSection train;
+  RmSection rm;
+  template <class V>
+  void visit(V& v) {
+    v("output_dir", output_dir, "where checkpoints, metrics and the final reward model go");
+    v("seed", seed, "seed for the score head init and shuffling");
+    v("device", device, "auto | cpu | cuda | cuda:N");
+    v("dtype", dtype, "float32 | bfloat16 (parameters and compute)");
+    v("num_threads", num_threads, "CPU threads for torch (0: default)");
+    v("model", model, "starting model (an SFT output folder, or a reward model to continue)");
+    v("data", data, "preference data (TRL preference JSONL, optional \"margin\") and preprocessing");
+    v("optim", optim, "AdamW");
+    v("scheduler", scheduler, "learning-rate schedule");
+    v("train", train, "loop");
+    v("rm", rm, "reward-model loss and lengths");
+  }
+  /// Cross-field rules; throws Error(kUsage) naming the fields.
+  void validate() const;
+};
+
+/// Loads a reward-model recipe file, applies --set overrides, parses strictly and validates.
+RmConfig load_rm_config(const std::string& recipe_path, const std::vector<std::string>& sets);
+
 }  // namespace mmpost::config

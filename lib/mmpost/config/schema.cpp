@@ -103,6 +103,10 @@ void JsonReader::read_value(const nlohmann::json& v, std::vector<double>& f,
 
 void JsonReader::read_value(const nlohmann::json& v, std::vector<std::string>& f,
                             const std::string& path) {
+  if (v.is_string()) {  // "sigmoid" == ["sigmoid"], as TRL accepts for loss_type
+    f = {v.get<std::string>()};
+    return;
+  }
   if (!v.is_array()) fail(path, "expected an array of strings, got " + json_type_name(v));
   f.clear();
   for (size_t i = 0; i < v.size(); ++i) {

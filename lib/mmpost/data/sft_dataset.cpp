@@ -17,13 +17,48 @@ int64_t count_placeholders(const std::string& s) {
 }
 }  // namespace
 
-std::vector<Message> parse_messages(const nlohmann::json& messages, const std::string& where) {
-  MMPOST_CHECK_DATA(messages.is_array() && !messages.empty(), where,
-                    ": messages: expected a non-empty array");
+int64_t count_image_placeholders(const std::string& text) { return count_placeholders(text); }
+
+std::vector<std::string> parse_image_paths(const nlohmann::json& record, const std::string& where) {
+  std::vector<std::string> images;
+  if (!record.contains("images") || record["images"].is_null()) return images;
+  const auto& im = record["images"];
+  MMPOST_CHECK_DATA(im.is_array(), where, ": images: expected an array of paths");
+  for (size_t i = 0; i < im.size(); ++i) {
+    MMPOST_CHECK_DATA(im[i].is_string(), where, ": images[", i, "]: expected a path string");
+    images.push_back(im[i].get<std::string>());
+  }
+  return images;
+}
+
+torch::Tensor load_sample_images(const std::vector<std::string>& images, const SampleContext& ctx,
+                                const std::string& where, uint64_t sample_seed) {
+  if (images.empty()) return {};
+  std::vector<torch::Tensor> pix;
+  for (const auto& rel : images) {
+    std::filesystem::path p = rel;
+    if (p.is_relative()) p = ctx.base_dir / p;
+    try {
+      cv::Mat rgb = resize_for_model(load_image_rgb(p.string()), ctx.image);
+      if (ctx.random_shift > 0) {
+        rgb = random_shift(rgb, ctx.random_shift, sample_seed + pix.size(), ctx.image);
+      }
+      pix.push_back(to_pixel_values(rgb, ctx.image));
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kData, where + ": " + e.message(), e.hint());
+    }
+  }
+  return torch::stack(pix);  // [N, 3, H, W]
+}
+
+std::vector<Message> parse_messages(const nlohmann::json& messages, const std::string& where,
+                                    const std::string& field) {
+  MMPOST_CHECK_DATA(messages.is_array() && !messages.empty(), where, ": ", field,
+                    ": expected a non-empty array");
   std::vector<Message> out;
   for (size_t i = 0; i < messages.size(); ++i) {
     const auto& m = messages[i];
-    std::string path = where + ": messages[" + std::to_string(i) + "]";
+    std::string path = where + ": " + field + "[" + std::to_string(i) + "]";
     MMPOST_CHECK_DATA(m.is_object(), path, ": expected an object");
     MMPOST_CHECK_DATA(m.contains("role") && m["role"].is_string(), path,
                       ".role: expected a string");
@@ -94,15 +129,7 @@ SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const Samp
                                    [](const Message& m) { return m.role == "assistant"; });
   MMPOST_CHECK_DATA(has_assistant, where, ": no assistant turn to learn from");
 
-  std::vector<std::string> images;
-  if (record.contains("images") && !record["images"].is_null()) {
-    const auto& im = record["images"];
-    MMPOST_CHECK_DATA(im.is_array(), where, ": images: expected an array of paths");
-    for (size_t i = 0; i < im.size(); ++i) {
-      MMPOST_CHECK_DATA(im[i].is_string(), where, ": images[", i, "]: expected a path string");
-      images.push_back(im[i].get<std::string>());
-    }
-  }
+  std::vector<std::string> images = parse_image_paths(record, where);
   int64_t placeholders = 0;
   for (const auto& m : s.messages) placeholders += count_placeholders(m.content);
   MMPOST_CHECK_DATA(placeholders == static_cast<int64_t>(images.size()), where, ": ", placeholders,
@@ -138,23 +165,7 @@ SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const Samp
   s.input_ids = std::move(enc.input_ids);
   s.labels = std::move(enc.labels);
 
-  if (ctx.load_images && !images.empty()) {
-    std::vector<torch::Tensor> pix;
-    for (const auto& rel : images) {
-      std::filesystem::path p = rel;
-      if (p.is_relative()) p = ctx.base_dir / p;
-      try {
-        cv::Mat rgb = resize_for_model(load_image_rgb(p.string()), ctx.image);
-        if (ctx.random_shift > 0) {
-          rgb = random_shift(rgb, ctx.random_shift, sample_seed + pix.size(), ctx.image);
-        }
-        pix.push_back(to_pixel_values(rgb, ctx.image));
-      } catch (const Error& e) {
-        throw Error(ErrorKind::kData, where + ": " + e.message(), e.hint());
-      }
-    }
-    s.pixel_values = torch::stack(pix);  // [N, 3, H, W]
-  }
+  if (ctx.load_images) s.pixel_values = load_sample_images(images, ctx, where, sample_seed);
   return s;
 }
 

@@ -40,8 +40,21 @@ struct SampleContext {
 };
 
 /// Parses "messages" (string content, or HF content lists of {"type": "text"|"image"}).
-/// Throws Error(kData) "SOURCE:LINE: messages[i].role: ..." etc.
-std::vector<Message> parse_messages(const nlohmann::json& messages, const std::string& where);
+/// Throws Error(kData) "SOURCE:LINE: FIELD[i].role: ..." etc. (`field` names the JSON key).
+std::vector<Message> parse_messages(const nlohmann::json& messages, const std::string& where,
+                                    const std::string& field = "messages");
+
+/// Number of "<image>" placeholders in a text.
+int64_t count_image_placeholders(const std::string& text);
+
+/// The record's "images" list (absent or null = none). Throws Error(kData) "WHERE: images...".
+std::vector<std::string> parse_image_paths(const nlohmann::json& record, const std::string& where);
+
+/// Decodes and preprocesses images (paths relative to ctx.base_dir) -> [N, 3, H, W] float32, or
+/// an undefined tensor for none. ctx.random_shift augments with `sample_seed`. Throws Error(kData)
+/// "WHERE: ..." for a missing or corrupt image.
+torch::Tensor load_sample_images(const std::vector<std::string>& images, const SampleContext& ctx,
+                                const std::string& where, uint64_t sample_seed = 0);
 
 /// Record -> SftSample. Validates the schema, that the number of "<image>" placeholders equals
 /// len(images), that at least one assistant turn exists, that images decode, and truncates to

@@ -1,12 +1,100 @@
 // Generation loop (see generation.h). The loop stays explicit: prefill, then pick -> append ->
-// decode one token, with one host sync per step to stop early once all rows are done.
+// decode one token, with one host sync per step to stop early once all rows are done (stop
+// sequences and stop_check are evaluated on the host, from the same synced step).
 #include "mmpost/model/generation.h"
 
 #include "mmpost/core/check.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+
 namespace mmpost::model {
+namespace {
+bool ends_with(const std::vector<int64_t>& ids, const std::vector<int64_t>& tail) {
+  return ids.size() >= tail.size() && std::equal(tail.rbegin(), tail.rend(), ids.rbegin());
+}
+
+// Host-side stop criteria: keeps each running row's new ids and reports which rows just hit a
+// stop sequence or the caller's stop_check. Idle (no copies) when neither is configured.
+class StopTracker {
+ public:
+  StopTracker(const GenerationConfig& cfg, int64_t batch)
+      : cfg_(cfg), active_(!cfg.stop_token_sequences.empty() || bool(cfg.stop_check)) {
+    for (const auto& seq : cfg.stop_token_sequences) {
+      MMPOST_CHECK_USAGE(!seq.empty(), "generation: empty stop sequence (a stop string that "
+                                       "tokenizes to nothing?)");
+    }
+    if (active_) rows_.resize(batch);
+  }
+
+  // next [B] int64 (already padded where `running` is false), running [B] bool -> hits [B] bool.
+  torch::Tensor update(const torch::Tensor& next, const torch::Tensor& running) {
+    if (!active_) return torch::zeros_like(running);
+    auto next_cpu = next.to(torch::kCPU);
+    auto running_cpu = running.to(torch::kCPU);
+    auto hits = torch::zeros({next_cpu.size(0)}, torch::kBool);
+    auto n = next_cpu.accessor<int64_t, 1>();
+    auto r = running_cpu.accessor<bool, 1>();
+    auto h = hits.accessor<bool, 1>();
+    for (int64_t i = 0; i < next_cpu.size(0); ++i) {
+      if (!r[i]) continue;
+      rows_[i].push_back(n[i]);
+      h[i] = std::any_of(cfg_.stop_token_sequences.begin(), cfg_.stop_token_sequences.end(),
+                         [&](const auto& seq) { return ends_with(rows_[i], seq); }) ||
+             (cfg_.stop_check && cfg_.stop_check(rows_[i]));
+    }
+    return hits.to(next.device());
+  }
+
+ private:
+  const GenerationConfig& cfg_;
+  bool active_;
+  std::vector<std::vector<int64_t>> rows_;
+};
+}  // namespace
+
+const char* finish_reason_name(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kEos: return "eos";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+  }
+  return "unknown";
+}
+
+RepeatedBatch repeat_interleave_batch(const torch::Tensor& input_ids,
+                                      const torch::Tensor& attention_mask,
+                                      const torch::Tensor& pixel_values,
+                                      const std::vector<int64_t>& image_counts,
+                                      int64_t num_generations) {
+  MMPOST_CHECK_USAGE(num_generations >= 1, "num_generations must be >= 1, got ",
+                     num_generations);
+  const int64_t B = input_ids.size(0);
+  TORCH_CHECK(static_cast<int64_t>(image_counts.size()) == B, "repeat_interleave_batch: ",
+              image_counts.size(), " image counts for ", B, " samples");
+  const int64_t n_images = pixel_values.defined() ? pixel_values.size(0) : 0;
+  RepeatedBatch out;
+  out.input_ids = input_ids.repeat_interleave(num_generations, /*dim=*/0);        // [B*G, T]
+  out.attention_mask = attention_mask.repeat_interleave(num_generations, /*dim=*/0);
+  // Image rows of the output: sample i's block of images, G times, then sample i+1's.
+  std::vector<int64_t> index;
+  int64_t first = 0;
+  for (int64_t count : image_counts) {
+    TORCH_CHECK(count >= 0, "repeat_interleave_batch: negative image count");
+    for (int64_t g = 0; g < num_generations; ++g) {
+      for (int64_t k = 0; k < count; ++k) index.push_back(first + k);
+    }
+    first += count;
+  }
+  TORCH_CHECK(first == n_images, "repeat_interleave_batch: image counts sum to ", first,
+              " but pixel_values holds ", n_images, " images");
+  if (n_images > 0) {
+    auto idx = torch::tensor(index, torch::dtype(torch::kInt64).device(pixel_values.device()));
+    out.pixel_values = pixel_values.index_select(/*dim=*/0, idx);  // [N*G, 3, H, W]
+  }
+  return out;
+}
 
 torch::Tensor select_next_token(const torch::Tensor& logits, const GenerationConfig& cfg,
                                 torch::Generator& generator) {
@@ -58,6 +146,10 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
   auto ids = input_ids;  // prompt + generated so far (for use_cache = false)
   auto hidden = model->forward_hidden(input_ids, pixel_values, mask, use_cache ? &cache : nullptr);
   auto finished = torch::zeros({B}, torch::dtype(torch::kBool).device(device));
+  auto reason = torch::full({B}, static_cast<int64_t>(FinishReason::kLength),
+                            torch::dtype(torch::kInt64).device(device));
+  auto lengths = torch::zeros({B}, torch::dtype(torch::kInt64).device(device));
+  StopTracker stops(cfg, B);
   std::vector<torch::Tensor> tokens, logps;
   for (int64_t step = 0; step < cfg.max_new_tokens; ++step) {
     auto logits = model->logits(hidden.select(/*dim=*/1, /*index=*/-1));  // [B, V] float32
@@ -70,7 +162,13 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
     next = next.masked_fill(finished, cfg.pad_token_id);
     tokens.push_back(next);
     logps.push_back(logp.masked_fill(finished, 0.0));
-    finished = finished | torch::isin(next, eos);
+    auto running = finished.logical_not();
+    lengths += running.to(torch::kInt64);
+    auto hit_eos = torch::isin(next, eos) & running;
+    auto hit_stop = stops.update(next, running) & hit_eos.logical_not();
+    reason.masked_fill_(hit_eos, static_cast<int64_t>(FinishReason::kEos));
+    reason.masked_fill_(hit_stop, static_cast<int64_t>(FinishReason::kStop));
+    finished = finished | hit_eos | hit_stop;
     if (finished.all().item<bool>() || step + 1 == cfg.max_new_tokens) break;
     mask = torch::cat({mask, ones}, /*dim=*/1);
     if (use_cache) {
@@ -83,10 +181,9 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
   GenerationOutput out;
   out.sequences = torch::stack(tokens, /*dim=*/1);
   out.logps = torch::stack(logps, /*dim=*/1);
-  // Length = index of the first EOS + 1, or T_new when a row never stopped.
-  auto is_eos = torch::isin(out.sequences, eos);
-  auto before_eos = (is_eos.to(torch::kInt64).cumsum(/*dim=*/1) - is_eos.to(torch::kInt64)) == 0;
-  out.lengths = before_eos.sum(/*dim=*/1);
+  out.lengths = lengths;  // index of the stopping token + 1, or T_new when a row never stopped
+  out.finish_reason = reason;
+  out.truncated = reason == static_cast<int64_t>(FinishReason::kLength);
   return out;
 }
 

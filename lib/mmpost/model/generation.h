@@ -1,6 +1,8 @@
 // Autoregressive generation for the VLM: one prefill over the KV cache, then one token per step;
-// greedy or seeded sampling (temperature, top-k, top-p), stopping when every row has hit EOS.
-// Semantics follow HF generate (left-padded prompts, position ids from the attention mask).
+// greedy or seeded sampling (temperature, top-k, top-p), a row stopping at EOS or a stop
+// sequence, the batch when every row has stopped. Semantics follow HF generate (left-padded
+// prompts, position ids from the attention mask); repeat_interleave_batch lays out G rollouts
+// per prompt for GRPO/RLOO.
 #pragma once
 
 #include "mmpost/model/vlm.h"
@@ -8,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 namespace mmpost::model {
@@ -21,17 +24,34 @@ struct GenerationConfig {
   std::vector<int64_t> eos_token_ids;
   int64_t pad_token_id = 0;
   uint64_t seed = 0;
+  /// A row stops once its new tokens END with one of these id sequences (the sequence is kept
+  /// in the output). Empty sequences are refused (Error kUsage).
+  std::vector<std::vector<int64_t>> stop_token_sequences;
+  /// Optional text-level stop (HF StopStringCriteria): called after each step for every running
+  /// row with its new token ids so far; returning true stops the row, keeping the last token, so
+  /// the stop string stays in the output as in HF. Called on the generating thread.
+  std::function<bool(const std::vector<int64_t>& new_ids)> stop_check;
 };
 
-/// What generate returns. Positions after a row's EOS hold pad_token_id and log-prob 0.
+/// Why a row ended (the names are what `mmpost generate` prints).
+enum class FinishReason : int64_t { kEos = 0, kStop = 1, kLength = 2 };
+
+/// "eos" | "stop" | "length".
+const char* finish_reason_name(FinishReason reason);
+
+/// What generate returns. Positions after a row's last token hold pad_token_id and log-prob 0.
 struct GenerationOutput {
-  torch::Tensor sequences;  // [B, T_new] int64, new tokens only
-  torch::Tensor logps;      // [B, T_new] float32, log softmax of the raw logits at each token
-  torch::Tensor lengths;    // [B] int64, tokens up to and including EOS
+  torch::Tensor sequences;      // [B, T_new] int64, new tokens only
+  torch::Tensor logps;          // [B, T_new] float32, log softmax of the raw logits at each token
+  torch::Tensor lengths;        // [B] int64, tokens up to and including EOS / the stop sequence
+  torch::Tensor finish_reason;  // [B] int64, FinishReason values
+  torch::Tensor truncated;      // [B] bool, hit max_new_tokens without EOS or a stop
 };
 
 /// Generates up to cfg.max_new_tokens tokens per row. input_ids [B, T] LEFT-padded int64,
 /// attention_mask [B, T] (1 = real token), pixel_values [N, 3, H, W] or undefined.
+/// A row ends with its first EOS, stop_token_sequences match or stop_check hit (finish_reason
+/// says which; EOS wins when one token does both); the loop ends when every row has.
 /// The image token (config.image_token_index) is never generated (its logit is masked).
 /// With use_cache=false every step recomputes the whole sequence (a test reference).
 /// Sampling draws from a CPU torch::Generator seeded with cfg.seed, so results are reproducible
@@ -41,6 +61,24 @@ struct GenerationOutput {
 GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
                           const torch::Tensor& attention_mask, const torch::Tensor& pixel_values,
                           const GenerationConfig& cfg, bool use_cache = true);
+
+/// A prompt batch with every sample repeated G times (see repeat_interleave_batch).
+struct RepeatedBatch {
+  torch::Tensor input_ids;       // [B*G, T]
+  torch::Tensor attention_mask;  // [B*G, T]
+  torch::Tensor pixel_values;    // [N*G, 3, H, W], or undefined when N = 0
+};
+
+/// Repeats each sample num_generations (G) times, grouped: rows i*G .. i*G+G-1 are sample i
+/// (TRL GRPO layout; torch.repeat_interleave on dim 0). pixel_values [N, 3, H, W] holds every
+/// sample's images in sample order, image_counts[i] (0 allowed) of them for sample i; the output
+/// keeps images in the new row order, so image-token splicing stays aligned. Throws Error(kUsage)
+/// for G < 1; TORCH_CHECKs that image_counts has B entries summing to N.
+RepeatedBatch repeat_interleave_batch(const torch::Tensor& input_ids,
+                                      const torch::Tensor& attention_mask,
+                                      const torch::Tensor& pixel_values,
+                                      const std::vector<int64_t>& image_counts,
+                                      int64_t num_generations);
 
 /// Picks the next token per row from logits [B, V] float32: argmax when temperature == 0, else
 /// a draw from softmax(logits / temperature) restricted to the top_k tokens and to the smallest

@@ -28,6 +28,22 @@ class VlmImpl : public torch::nn::Module {
   /// Throws mmpost::Error (kData) when the image-token count differs from N * P.
   torch::Tensor embed(const torch::Tensor& input_ids, const torch::Tensor& pixel_values);
 
+  /// As embed, from precomputed image features [N, P, C] (undefined = no images), so one vision
+  /// pass can serve several rows (chosen and rejected of a preference pair, G rollouts).
+  torch::Tensor embed_features(const torch::Tensor& input_ids, const torch::Tensor& features);
+
+  /// Logits [B, T, V] float32 from precomputed image features (see embed_features);
+  /// attention_mask as in forward_hidden, no cache.
+  torch::Tensor forward_features(const torch::Tensor& input_ids, const torch::Tensor& features,
+                                 const torch::Tensor& attention_mask);
+
+  /// Hidden states [B, T, C] after the final norm from precomputed image features (see
+  /// embed_features); attention_mask as in forward_hidden, no cache. Used by reward models, whose
+  /// score head reads the hidden state of the last non-pad token.
+  torch::Tensor forward_hidden_features(const torch::Tensor& input_ids,
+                                        const torch::Tensor& features,
+                                        const torch::Tensor& attention_mask);
+
   /// Hidden states [B, T, C] after the final norm. attention_mask [B, S + T] (1 = keep; covers
   /// cached tokens; undefined = all ones); position_ids [B, T] (undefined = cumsum(mask) - 1).
   torch::Tensor forward_hidden(const torch::Tensor& input_ids, const torch::Tensor& pixel_values,

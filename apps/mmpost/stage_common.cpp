@@ -1,0 +1,96 @@
+// Shared stage glue (see stage_common.h).
+#include "mmpost/stage_common.h"
+
+#include <iomanip>
+#include <sstream>
+
+#include "mmpost/core/check.h"
+#include "mmpost/core/device.h"
+#include "mmpost/core/log.h"
+#include "mmpost/data/chat_template.h"
+#include "mmpost/io/hf_folder.h"
+
+namespace mmpost::cli {
+namespace fs = std::filesystem;
+
+std::string fmt(double v, int prec) {
+  std::ostringstream os;
+  os << std::setprecision(prec) << v;
+  return os.str();
+}
+
+void freeze_parts(model::Vlm& m, const std::vector<std::string>& parts) {
+  for (const auto& part : parts) {
+    torch::nn::Module* mod = nullptr;
+    if (part == "vision_tower") mod = m->vision_tower.ptr().get();
+    if (part == "projector") mod = m->multi_modal_projector.ptr().get();
+    if (part == "language_model") mod = m->language_model.ptr().get();
+    MMPOST_CHECK_USAGE(mod != nullptr, "model.freeze: unknown part \"", part, "\"");
+    for (auto& p : mod->parameters()) p.set_requires_grad(false);
+  }
+}
+
+int64_t count_params(const model::Vlm& m, bool trainable_only) {
+  int64_t n = 0;
+  for (const auto& p : m->parameters()) {
+    if (!trainable_only || p.requires_grad()) n += p.numel();
+  }
+  return n;
+}
+
+int64_t pad_id_of(const data::Tokenizer& tok) {
+  return tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+}
+
+StageModel load_stage_model(const config::ModelSection& m, const config::ImageSection& img,
+                            const std::optional<fs::path>& ckpt, const torch::Device& device,
+                            torch::Dtype dtype, const std::string& stage) {
+  StageModel sm;
+  sm.tokenizer_path = m.tokenizer;
+  sm.image = {0, img.resize_mode, img.interpolation, img.image_mean, img.image_std};
+  if (ckpt || !m.path.empty()) {
+    sm.source = ckpt ? *ckpt : fs::path(m.path);
+    log_info(stage + ": loading model from " + sm.source.string());
+    auto p = io::load_pretrained(sm.source);
+    sm.model = p.model;
+    if (sm.tokenizer_path.empty() || ckpt) sm.tokenizer_path = p.tokenizer_path;
+    if (fs::is_regular_file(sm.source / "preprocessor_config.json")) sm.image = p.image;
+  } else {
+    sm.model = model::build_vlm(model::vlm_config_from_json(m.config));  // seeded by the caller
+  }
+  const auto& mcfg = sm.model->config();
+  sm.image.image_size = mcfg.vision_config.image_size;
+  MMPOST_CHECK_USAGE(!sm.tokenizer_path.empty(), "model.tokenizer: no tokenizer.model found",
+                     "set model.tokenizer to a sentencepiece model");
+  sm.tokenizer = std::make_unique<data::Tokenizer>(sm.tokenizer_path.string());
+  if (!sm.source.empty() && sm.tokenizer_path.parent_path() == sm.source) {
+    io::add_hf_added_tokens(*sm.tokenizer, sm.source);  // e.g. llava-hf's <image> 32000
+  }
+  sm.tokenizer->add_special_token(data::kImagePlaceholder, mcfg.image_token_index);
+  MMPOST_CHECK_USAGE(sm.tokenizer->vocab_size() <= mcfg.text_config.vocab_size, "tokenizer ",
+                     sm.tokenizer_path.string(), " has ", sm.tokenizer->vocab_size(),
+                     " ids but text_config.vocab_size is ", mcfg.text_config.vocab_size);
+  freeze_parts(sm.model, m.freeze);
+  sm.model->to(device, dtype);
+  sm.model->train();
+  log_info(stage + ": model " + std::to_string(count_params(sm.model, false)) + " parameters, " +
+           std::to_string(count_params(sm.model, true)) + " trainable; " +
+           describe_device(device) + ", " + dtype_name(dtype));
+  return sm;
+}
+
+data::SampleContext make_sample_context(const StageModel& sm, const config::DataSection& data,
+                                        const std::string& path) {
+  const auto& mcfg = sm.model->config();
+  data::SampleContext ctx;
+  ctx.tokenizer = sm.tokenizer.get();
+  ctx.template_options = {data::parse_chat_template(data.chat_template), mcfg.image_token_index,
+                          mcfg.n_image_tokens(), false};
+  ctx.image = sm.image;
+  ctx.base_dir = fs::path(path).parent_path();
+  ctx.source = path;
+  ctx.max_length = data.max_length;
+  return ctx;
+}
+
+}  // namespace mmpost::cli

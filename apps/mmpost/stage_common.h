@@ -1,0 +1,53 @@
+// Glue the training stages share for real: loading the starting model + tokenizer + image
+// settings (from a recipe's model section or a resume checkpoint), freezing parts, the sample
+// context and short number formatting. The loops themselves stay in each stage (STYLE.md 2).
+#pragma once
+
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "mmpost/config/recipe.h"
+#include "mmpost/data/sft_dataset.h"
+#include "mmpost/data/tokenizer.h"
+#include "mmpost/model/vlm.h"
+
+namespace mmpost::cli {
+
+/// A model ready for a stage, with its tokenizer and image preprocessing.
+struct StageModel {
+  model::Vlm model{nullptr};
+  std::unique_ptr<data::Tokenizer> tokenizer;
+  std::filesystem::path tokenizer_path;
+  data::ImageProcessorConfig image;
+  std::filesystem::path source;  // folder it was loaded from (empty: random init)
+};
+
+/// Loads `ckpt` if set, else model.path, else builds model.config with random weights (seeded by
+/// the caller). The tokenizer gets the folder's added tokens and <image>; the image settings come
+/// from the folder's preprocessor_config.json when present, else from `image`. Freezes
+/// model.freeze, moves to device/dtype, train mode. Throws Error(kUsage) for a tokenizer that does
+/// not fit the model's vocabulary. `stage` prefixes the log lines.
+StageModel load_stage_model(const config::ModelSection& m, const config::ImageSection& image,
+                            const std::optional<std::filesystem::path>& ckpt,
+                            const torch::Device& device, torch::Dtype dtype,
+                            const std::string& stage);
+
+/// Freezes the named parts ("vision_tower", "projector", "language_model").
+void freeze_parts(model::Vlm& m, const std::vector<std::string>& parts);
+
+/// Parameter count (all, or only those with requires_grad).
+int64_t count_params(const model::Vlm& m, bool trainable_only);
+
+/// Sample context for `path` (images resolve relative to its folder) from a loaded model.
+data::SampleContext make_sample_context(const StageModel& sm, const config::DataSection& data,
+                                        const std::string& path);
+
+/// Pad id for collation: the tokenizer's pad, else EOS.
+int64_t pad_id_of(const data::Tokenizer& tok);
+
+/// Short decimal formatting for log lines (`prec` significant digits).
+std::string fmt(double v, int prec = 4);
+
+}  // namespace mmpost::cli

@@ -1,0 +1,212 @@
+// Concatenated preference forward, reward-accuracy evaluation and the reference-logps cache
+// (see preference.h).
+#include "mmpost/train/preference.h"
+
+#include "mmpost/core/check.h"
+#include "mmpost/core/log.h"
+#include "mmpost/data/loader.h"
+#include "mmpost/io/safetensors.h"
+
+namespace mmpost::train {
+namespace {
+
+/// A streaming loader over a preference JSONL in file order (eval / precompute).
+std::unique_ptr<data::StreamingLoader<data::PreferenceSample>> file_order_loader(
+    data::SampleContext& c, const std::string& path, const PreferenceEvalOptions& opts) {
+  c.source = path;
+  c.base_dir = std::filesystem::path(path).parent_path();
+  c.random_shift = 0;
+  data::LoaderOptions lo;
+  lo.path = path;
+  lo.batch_size = opts.batch_size;
+  lo.num_workers = opts.num_workers;
+  lo.skip_bad = opts.skip_bad;
+  auto limits = opts.limits;
+  return std::make_unique<data::StreamingLoader<data::PreferenceSample>>(
+      lo, [&c, limits](const nlohmann::json& rec, int64_t line) {
+        return data::make_preference_sample(rec, line, c, limits);
+      });
+}
+
+}  // namespace
+
+PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBatch& b,
+                                     bool with_log_sum_sq, bool with_corrupted) {
+  const int64_t B = b.batch_size;
+  torch::Tensor features;  // [N, P, C] once per image
+  if (b.pixel_values.defined()) features = model->image_features(b.pixel_values);
+  auto ids = b.input_ids, mask = b.attention_mask, labels = b.labels;  // [2B, T]
+  torch::Tensor row_features;
+  if (features.defined()) row_features = torch::cat({features, features});
+  if (with_corrupted) {
+    TORCH_CHECK(!b.pixel_values.defined() || b.corrupted_pixel_values.defined(),
+                "preference_forward: mDPO needs corrupted_pixel_values");
+    ids = torch::cat({ids, b.input_ids.narrow(0, 0, B)});  // [3B, T]
+    mask = torch::cat({mask, b.attention_mask.narrow(0, 0, B)});
+    labels = torch::cat({labels, b.labels.narrow(0, 0, B)});
+    if (features.defined()) {
+      row_features = torch::cat({row_features, model->image_features(b.corrupted_pixel_values)});
+    }
+  }
+  auto logits = model->forward_features(ids, row_features, mask);  // [2B or 3B, T, V] float32
+  auto stats = algo::token_stats(logits, labels, with_log_sum_sq);
+  PreferenceForward out;
+  out.logps = algo::preference_logps(stats, B);
+  const double V = static_cast<double>(logits.size(-1));
+  auto n = stats.mask.sum(/*dim=*/-1).to(torch::kFloat32).clamp_min(1) * V;  // [rows]
+  auto logits_mean = stats.logits_sum / n;
+  out.logits_mean_chosen = logits_mean.narrow(0, 0, B);
+  out.logits_mean_rejected = logits_mean.narrow(0, B, B);
+  if (with_corrupted) out.chosen_corrupted = stats.logps.narrow(0, 2 * B, B).sum(/*dim=*/-1);
+  return out;
+}
+
+PreferenceEvalResult evaluate_preferences(model::Vlm& policy, model::Vlm* reference,
+                                          const data::SampleContext& ctx, const std::string& path,
+                                          const PreferenceEvalOptions& opts,
+                                          const torch::Device& device, torch::Dtype dtype,
+                                          const ReferenceLogpsCache* ref_cache) {
+  data::SampleContext c = ctx;
+  auto loader = file_order_loader(c, path, opts);
+  int64_t total = data::count_records(path);
+  if (opts.max_samples > 0) total = std::min(total, opts.max_samples);
+  Progress progress("eval", total);
+  const int64_t pad_id = ctx.tokenizer->pad_id() >= 0 ? ctx.tokenizer->pad_id()
+                                                       : ctx.tokenizer->eos_id();
+  const bool was_training = policy->is_training();
+  policy->eval();
+  torch::NoGradGuard no_grad;
+  PreferenceEvalResult r;
+  double correct = 0, margin = 0, rc = 0, rr = 0, lc = 0, lr = 0;
+  while (opts.max_samples <= 0 || r.n < opts.max_samples) {
+    auto samples = loader->next_batch();
+    if (!samples) break;
+    if (opts.max_samples > 0 && r.n + static_cast<int64_t>(samples->size()) > opts.max_samples) {
+      samples->resize(opts.max_samples - r.n);
+    }
+    auto b = data::collate_preference(*samples, pad_id).to(device, dtype);
+    auto p = preference_forward(policy, b, false, false).logps;
+    auto chosen = p.chosen, rejected = p.rejected;
+    if (reference != nullptr || ref_cache != nullptr) {
+      auto q = reference != nullptr ? preference_forward(*reference, b, false, false).logps
+                                    : ref_cache->lookup(b, device);
+      chosen = chosen - q.chosen.to(chosen.device());
+      rejected = rejected - q.rejected.to(rejected.device());
+    }
+    auto reward_c = (opts.beta * chosen).to(torch::kFloat64).cpu();
+    auto reward_r = (opts.beta * rejected).to(torch::kFloat64).cpu();
+    correct += (reward_c > reward_r).sum().item<double>();
+    margin += (reward_c - reward_r).sum().item<double>();
+    rc += reward_c.sum().item<double>();
+    rr += reward_r.sum().item<double>();
+    lc += p.chosen.sum().item<double>();
+    lr += p.rejected.sum().item<double>();
+    r.n += b.batch_size;
+    if (opts.show_progress) progress.update(r.n, "acc " + std::to_string(correct / r.n));
+  }
+  progress.finish();
+  if (was_training) policy->train();
+  r.n_skipped = loader->n_skipped();
+  if (r.n > 0) {
+    r.accuracy = correct / r.n;
+    r.margin = margin / r.n;
+    r.reward_chosen = rc / r.n;
+    r.reward_rejected = rr / r.n;
+    r.logps_chosen = lc / r.n;
+    r.logps_rejected = lr / r.n;
+  }
+  return r;
+}
+
+algo::PreferenceLogps ReferenceLogpsCache::lookup(const data::PreferenceBatch& b,
+                                                  const torch::Device& device) const {
+  const int64_t B = b.batch_size;
+  auto t = torch::empty({4, B}, torch::kFloat32);
+  auto a = t.accessor<float, 2>();
+  for (int64_t i = 0; i < B; ++i) {
+    auto it = by_line.find(b.lines[i]);
+    MMPOST_CHECK(it != by_line.end(), "reference log-probs cache: no entry for line ", b.lines[i],
+                 " (id ", b.ids[i], ")",
+                 "\n  hint: the training data changed; delete ref_logps.safetensors in the output "
+                 "folder to recompute");
+    for (int k = 0; k < 4; ++k) a[k][i] = it->second[k];
+  }
+  t = t.to(device);
+  algo::PreferenceLogps p;
+  p.chosen = t[0];
+  p.rejected = t[1];
+  p.chosen_tail = t[2];
+  p.rejected_tail = t[3];
+  return p;
+}
+
+ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
+                                               const data::SampleContext& ctx,
+                                               const std::string& path,
+                                               const PreferenceEvalOptions& opts,
+                                               const torch::Device& device, torch::Dtype dtype,
+                                               const std::filesystem::path& cache_file,
+                                               const std::string& key) {
+  ReferenceLogpsCache cache;
+  if (std::filesystem::exists(cache_file)) {
+    auto contents = io::read_safetensors(cache_file);
+    auto it = contents.metadata.find("key");
+    if (it != contents.metadata.end() && it->second == key) {
+      auto lines = contents.tensors.at("line").contiguous();
+      auto vals = torch::stack({contents.tensors.at("chosen"), contents.tensors.at("rejected"),
+                                contents.tensors.at("chosen_tail"),
+                                contents.tensors.at("rejected_tail")})
+                      .contiguous();
+      auto la = lines.accessor<int64_t, 1>();
+      auto va = vals.accessor<float, 2>();
+      for (int64_t i = 0; i < lines.size(0); ++i) {
+        cache.by_line[la[i]] = {va[0][i], va[1][i], va[2][i], va[3][i]};
+      }
+      log_info("dpo: reference log-probs loaded from " + cache_file.string() + " (" +
+               std::to_string(cache.by_line.size()) + " pairs)");
+      return cache;
+    }
+    log_warn("dpo: " + cache_file.string() + " was computed for other settings; recomputing");
+  }
+  data::SampleContext c = ctx;
+  auto loader = file_order_loader(c, path, opts);
+  Progress progress("ref logps", data::count_records(path));
+  const int64_t pad_id = ctx.tokenizer->pad_id() >= 0 ? ctx.tokenizer->pad_id()
+                                                       : ctx.tokenizer->eos_id();
+  reference->eval();
+  torch::NoGradGuard no_grad;
+  std::vector<int64_t> lines;
+  std::vector<torch::Tensor> cols[4];
+  while (auto samples = loader->next_batch()) {
+    auto b = data::collate_preference(*samples, pad_id).to(device, dtype);
+    auto p = preference_forward(reference, b, false, false).logps;
+    lines.insert(lines.end(), b.lines.begin(), b.lines.end());
+    cols[0].push_back(p.chosen.cpu());
+    cols[1].push_back(p.rejected.cpu());
+    cols[2].push_back(p.chosen_tail.cpu());
+    cols[3].push_back(p.rejected_tail.cpu());
+    progress.update(static_cast<int64_t>(lines.size()));
+  }
+  progress.finish();
+  MMPOST_CHECK_DATA(!lines.empty(), path, ": no preference pairs to score");
+  std::map<std::string, torch::Tensor> tensors = {
+      {"line", torch::tensor(lines, torch::kInt64)},
+      {"chosen", torch::cat(cols[0])},
+      {"rejected", torch::cat(cols[1])},
+      {"chosen_tail", torch::cat(cols[2])},
+      {"rejected_tail", torch::cat(cols[3])}};
+  io::save_safetensors(cache_file, tensors, {{"format", "pt"}, {"key", key}});
+  auto vals = torch::stack({tensors["chosen"], tensors["rejected"], tensors["chosen_tail"],
+                            tensors["rejected_tail"]})
+                  .to(torch::kFloat32)
+                  .contiguous();
+  auto va = vals.accessor<float, 2>();
+  for (size_t i = 0; i < lines.size(); ++i) {
+    cache.by_line[lines[i]] = {va[0][i], va[1][i], va[2][i], va[3][i]};
+  }
+  log_info("dpo: reference log-probs of " + std::to_string(lines.size()) + " pairs written to " +
+           cache_file.string() + " (" + std::to_string(loader->n_skipped()) + " skipped)");
+  return cache;
+}
+
+}  // namespace mmpost::train
