@@ -31,6 +31,7 @@ std::vector<std::string> resolved_overrides(const CommonArgs& a) {
 void register_subcommands(CLI::App& app) {
   stages().push_back(setup_sft(app));
   stages().push_back(setup_dpo(app));
+  stages().push_back(setup_rlhf(app));
   stages().push_back(setup_rm(app));
   stages().push_back(setup_eval(app));
   stages().push_back(setup_generate(app));

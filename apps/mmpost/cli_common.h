@@ -36,6 +36,7 @@ struct Stage {
 /// Stage registrations (each in its own file).
 Stage setup_sft(CLI::App& app);
 Stage setup_dpo(CLI::App& app);
+Stage setup_rlhf(CLI::App& app);
 Stage setup_rm(CLI::App& app);
 Stage setup_eval(CLI::App& app);
 Stage setup_generate(CLI::App& app);

@@ -36,6 +36,7 @@ struct EvalArgs {
   std::string on_bad_sample = "error";
   std::string ref_model;   // preference data: reference policy (empty = reference-free)
   double beta = 0.1;       // preference data: DPO beta of the implicit reward
+  std::vector<std::string> rewards;  // reward functions scored on each prediction
 };
 
 /// True when the first well-formed record of `path` is a preference pair (has "chosen").
@@ -128,6 +129,14 @@ int run_eval(const EvalArgs& a) {
   eo.max_samples = a.max_samples;
   eo.num_workers = a.num_workers;
   eo.skip_bad = a.on_bad_sample == "skip";
+  if (!a.rewards.empty()) {
+    nlohmann::json specs = nlohmann::json::array();
+    for (const auto& name : a.rewards) {
+      specs.push_back(name.front() == '{' ? nlohmann::json::parse(name)
+                                          : nlohmann::json{{"name", name}});
+    }
+    eo.rewards = algo::parse_reward_specs(specs, "--reward");
+  }
   log_info("eval: " + a.model_dir + " on " + a.data + " (" + describe_device(device) + ")");
   auto r = train::evaluate_exact_match(p.model, ctx, a.data, eo, device, dtype, preds.get());
   log_info("eval: accuracy " + std::to_string(r.accuracy) + " (" + std::to_string(r.n_correct) +
@@ -140,6 +149,10 @@ int run_eval(const EvalArgs& a) {
                            {"samples_per_s", r.samples_per_s},
                            {"model", a.model_dir},
                            {"data", a.data}};
+  for (const auto& [name, mean] : r.reward_means) {
+    result["rewards/" + name] = mean;
+    log_info("eval: rewards/" + name + " " + std::to_string(mean));
+  }
   std::cout << result.dump() << std::endl;
   return 0;
 }
@@ -165,6 +178,9 @@ Stage setup_eval(CLI::App& app) {
   sub->add_option("--num-threads", a.num_threads, "torch CPU threads (0 = default)")
       ->capture_default_str();
   sub->add_option("--on-bad-sample", a.on_bad_sample, "error | skip")->capture_default_str();
+  sub->add_option("--reward", a.rewards,
+                  "also score predictions with a reward function (repeatable): a name such as "
+                  "numeric_match | format | exact_match, or a JSON spec {\"name\":..,\"params\":..}");
   sub->add_option("--ref-model", a.ref_model,
                   "preference data: reference model folder (default: reference-free rewards)");
   sub->add_option("--beta", a.beta, "preference data: beta of the implicit reward")

@@ -305,4 +305,110 @@ struct RmConfig {
 /// Loads a reward-model recipe file, applies --set overrides, parses strictly and validates.
 RmConfig load_rm_config(const std::string& recipe_path, const std::vector<std::string>& sets);
 
+/// Online RL settings; names follow TRL's GRPOConfig where it has one.
+struct RlhfSection {
+  std::string algorithm = "grpo";   // grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo
+  int64_t num_generations = 8;      // completions per prompt (G)
+  int64_t max_completion_length = 64;
+  double temperature = 1.0;
+  double top_p = 1.0;
+  int64_t top_k = 0;
+  std::vector<std::string> stop;    // stop strings (kept in the completion, as HF)
+  nlohmann::json rewards = nlohmann::json::array({{{"name", "exact_match"}}});
+  std::string reward_model;         // folder written by `mmpost rm` (empty: none)
+  double reward_model_weight = 1.0;
+  std::string scale_rewards = "group";  // group | batch | none
+  std::string loss_type = "dapo";   // grpo | bnpo | dr_grpo | dapo | cispo | sapo | luspo
+  std::string importance_sampling_level = "token";  // token | sequence (GSPO)
+  double epsilon = 0.2;
+  nlohmann::json epsilon_high;      // null = epsilon (DAPO clip-higher: e.g. 0.28)
+  int64_t num_iterations = 1;       // mu: updates per generation batch
+  double beta = 0.0;                // KL coefficient; 0 loads no reference model
+  std::string kl_estimator = "k3";  // k1 | k2 | k3 | low_var_kl | abs | full
+  bool kl_in_reward = false;        // fold -beta * KL into the reward instead of the loss
+  bool mask_truncated_completions = false;
+  bool filter_zero_std_groups = false;  // DAPO dynamic sampling: drop all-equal groups
+  std::string pass_reward;          // reward deciding "passed" for curriculum/pass rate (default first)
+  double pass_threshold = 0.5;      // passed = that reward >= threshold
+  double gamma = 1.0;               // ppo / reinforce_pp discount
+  double lam = 0.95;                // ppo GAE lambda
+  double cliprange_value = 0.2;     // ppo value clipping
+  double vf_coef = 0.1;             // ppo value-loss weight
+  bool whiten_advantages = true;    // ppo
+  nlohmann::json curriculum = nlohmann::json::object();  // see data/curriculum.h
+  template <class V>
+  void visit(V& v) {
+    v("algorithm", algorithm, "grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo");
+    v("num_generations", num_generations, "completions sampled per prompt (G)");
+    v("max_completion_length", max_completion_length, "max new tokens per completion");
+    v("temperature", temperature, "sampling temperature");
+    v("top_p", top_p, "nucleus sampling mass (1: off)");
+    v("top_k", top_k, "top-k sampling (0: off)");
+    v("stop", stop, "stop strings (the completion keeps them)");
+    v("rewards", rewards,
+      "reward functions: [{\"name\": exact_match|numeric_match|choice_match|format|"
+      "length_penalty|external, \"weight\": w, \"params\": {...}}]");
+    v("reward_model", reward_model, "reward model folder from `mmpost rm` (empty: none)");
+    v("reward_model_weight", reward_model_weight, "weight of the reward model's score");
+    v("scale_rewards", scale_rewards, "group | batch | none (GRPO advantage scaling)");
+    v("loss_type", loss_type, "grpo | bnpo | dr_grpo | dapo | cispo | sapo | luspo");
+    v("importance_sampling_level", importance_sampling_level, "token | sequence (GSPO)");
+    v("epsilon", epsilon, "lower clip range");
+    v("epsilon_high", epsilon_high, "upper clip range (null: epsilon)");
+    v("num_iterations", num_iterations, "policy updates per generation batch (mu)");
+    v("beta", beta, "KL coefficient (0: no reference model)");
+    v("kl_estimator", kl_estimator, "k1 | k2 | k3 | low_var_kl | abs | full");
+    v("kl_in_reward", kl_in_reward, "subtract beta * KL from the reward instead of the loss");
+    v("mask_truncated_completions", mask_truncated_completions,
+      "exclude completions that hit max_completion_length from the loss");
+    v("filter_zero_std_groups", filter_zero_std_groups,
+      "drop groups whose rewards are all equal (DAPO dynamic sampling)");
+    v("pass_reward", pass_reward, "reward that decides pass/fail (default: the first)");
+    v("pass_threshold", pass_threshold, "a completion passes when pass_reward >= this");
+    v("gamma", gamma, "discount (ppo, reinforce_pp)");
+    v("lam", lam, "GAE lambda (ppo)");
+    v("cliprange_value", cliprange_value, "value clipping (ppo)");
+    v("vf_coef", vf_coef, "value loss weight (ppo)");
+    v("whiten_advantages", whiten_advantages, "whiten GAE advantages (ppo)");
+    v("curriculum", curriculum,
+      "{mode: none|staged|adaptive, stages: [...], target_pass_rate, ...} over `difficulty`");
+  }
+};
+
+/// `mmpost rlhf` recipe: the SFT sections plus `rlhf`. data.train / data.eval are prompt JSONL
+/// (TRL conversational; the final assistant turn or an "answer" field is the reference).
+/// train.batch_size counts prompts per step (each sampled num_generations times).
+struct RlhfConfig {
+  std::string output_dir = "runs/rlhf";
+  int64_t seed = 42;
+  std::string device = "auto";
+  std::string dtype = "float32";
+  int64_t num_threads = 0;
+  ModelSection model;
+  DataSection data;
+  OptimSection optim;
+  SchedulerSection scheduler;
+  TrainSection train;
+  RlhfSection rlhf;
+  template <class V>
+  void visit(V& v) {
+    v("output_dir", output_dir, "where checkpoints, metrics and the final model go");
+    v("seed", seed, "seed for sampling and prompt order");
+    v("device", device, "auto | cpu | cuda | cuda:N");
+    v("dtype", dtype, "float32 | bfloat16 (policy parameters and compute)");
+    v("num_threads", num_threads, "CPU threads for torch (0: default)");
+    v("model", model, "starting policy (an SFT output folder or any supported checkpoint)");
+    v("data", data, "prompt data and preprocessing");
+    v("optim", optim, "AdamW");
+    v("scheduler", scheduler, "learning-rate schedule");
+    v("train", train, "loop (batch_size = prompts per step)");
+    v("rlhf", rlhf, "rollouts, rewards, advantages and the policy loss");
+  }
+  /// Cross-field rules; throws Error(kUsage) naming the fields.
+  void validate() const;
+};
+
+/// Loads an RLHF recipe file, applies --set overrides, parses strictly and validates.
+RlhfConfig load_rlhf_config(const std::string& recipe_path, const std::vector<std::string>& sets);
+
 }  // namespace mmpost::config

@@ -6,6 +6,7 @@
 #include "mmpost/core/check.h"
 #include "mmpost/io/checkpoint.h"
 #include "mmpost/io/hf_folder.h"
+#include "mmpost/io/safetensors.h"
 
 namespace mmpost::train {
 namespace fs = std::filesystem;
@@ -13,7 +14,8 @@ namespace fs = std::filesystem;
 fs::path save_checkpoint(const fs::path& output_dir, const TrainState& state, model::Vlm& model,
                          const fs::path& tokenizer_path, const data::ImageProcessorConfig& image,
                          torch::optim::Optimizer& optimizer, const nlohmann::json& recipe,
-                         int64_t keep_last, const data::Tokenizer* tokenizer) {
+                         int64_t keep_last, const data::Tokenizer* tokenizer,
+                                      const std::map<std::string, torch::Tensor>& extra_tensors) {
   fs::path dir = io::step_dir(output_dir, state.step);
   if (fs::exists(dir)) fs::remove_all(dir);  // a stale, incomplete folder from a crash
   io::save_pretrained(dir, model, tokenizer_path, image, torch::kFloat32, int64_t{5} << 30,
@@ -33,6 +35,7 @@ fs::path save_checkpoint(const fs::path& output_dir, const TrainState& state, mo
                       {"tokens_seen", state.tokens_seen},
                       {"extra", state.extra},
                       {"recipe", recipe}};
+  if (!extra_tensors.empty()) io::save_safetensors(dir / "extra.safetensors", extra_tensors);
   io::write_text_atomic(dir / "state.json", j.dump(2) + "\n");
   io::mark_done(dir);
   io::prune_checkpoints(output_dir, static_cast<int>(keep_last));
@@ -72,6 +75,11 @@ void load_optimizer_and_rng(const fs::path& dir, torch::optim::Optimizer& optimi
     throw Error(ErrorKind::kRuntime,
                 dir.string() + ": cannot restore optimizer/RNG state: " + e.what_without_backtrace());
   }
+}
+
+std::map<std::string, torch::Tensor> load_extra_tensors(const std::filesystem::path& dir) {
+  if (!std::filesystem::exists(dir / "extra.safetensors")) return {};
+  return io::load_safetensors(dir / "extra.safetensors");
 }
 
 }  // namespace mmpost::train

@@ -7,6 +7,8 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <map>
+#include <string>
 
 #include "mmpost/data/image.h"
 #include "mmpost/data/loader.h"
@@ -26,7 +28,8 @@ struct TrainState {
   nlohmann::json extra = nlohmann::json::object();  // stage-specific counters
 };
 
-/// Writes OUTPUT/step_NNNNNN (model folder + optimizer + RNG + state.json + DONE), then prunes
+/// Writes OUTPUT/step_NNNNNN (model folder + optimizer + RNG + `extra_tensors` in
+/// extra.safetensors when non-empty, e.g. a value head + state.json + DONE), then prunes
 /// to keep_last complete checkpoints. Returns the folder. Throws Error(kRuntime) (disk full etc.);
 /// an interrupted save leaves no DONE, so resume ignores it.
 std::filesystem::path save_checkpoint(const std::filesystem::path& output_dir,
@@ -35,7 +38,11 @@ std::filesystem::path save_checkpoint(const std::filesystem::path& output_dir,
                                       const data::ImageProcessorConfig& image,
                                       torch::optim::Optimizer& optimizer,
                                       const nlohmann::json& recipe, int64_t keep_last,
-                                      const data::Tokenizer* tokenizer = nullptr);
+                                      const data::Tokenizer* tokenizer = nullptr,
+                                      const std::map<std::string, torch::Tensor>& extra_tensors = {});
+
+/// The extra.safetensors tensors of a checkpoint folder (empty map when there is none).
+std::map<std::string, torch::Tensor> load_extra_tensors(const std::filesystem::path& dir);
 
 /// Reads state.json of a checkpoint folder. Throws Error(kRuntime) for an unknown format version.
 TrainState read_train_state(const std::filesystem::path& dir);

@@ -49,6 +49,8 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
   model->eval();
   torch::NoGradGuard no_grad;
   ExactMatchResult r;
+  std::vector<double> reward_sums(opts.rewards.size(), 0.0);
+  std::vector<std::string> reward_names;
   while (opts.max_samples <= 0 || r.n < opts.max_samples) {
     auto samples = loader.next_batch();
     if (!samples) break;
@@ -61,6 +63,8 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
     auto lens_t = out.lengths.cpu();
     auto seqs = seqs_t.accessor<int64_t, 2>();
     auto lens = lens_t.accessor<int64_t, 1>();
+    std::vector<std::string> texts, refs, prompts;
+    std::vector<int64_t> n_tokens;
     for (size_t i = 0; i < samples->size(); ++i) {
       std::vector<int64_t> ids;
       for (int64_t k = 0; k < lens[i]; ++k) ids.push_back(seqs[i][k]);
@@ -68,12 +72,24 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
       bool correct = pred == trim((*samples)[i].reference);
       r.n_correct += correct ? 1 : 0;
       ++r.n;
+      const std::string& ref = (*samples)[i].reference;
+      texts.push_back(pred);
+      refs.push_back(algo::extract_answer(ref).value_or(ref));
+      prompts.push_back("");
+      n_tokens.push_back(lens[i]);
       if (preds != nullptr) {
         preds->write({{"id", (*samples)[i].id},
                       {"prediction", pred},
                       {"prediction_ids", ids},
                       {"reference", (*samples)[i].reference},
                       {"correct", correct}});
+      }
+    }
+    if (!opts.rewards.empty()) {
+      auto scores = algo::score_all(opts.rewards, texts, refs, prompts, n_tokens);
+      reward_names = scores.names;
+      for (size_t k = 0; k < scores.values.size(); ++k) {
+        reward_sums[k] += scores.values[k].sum().item<double>();
       }
     }
     if (opts.show_progress) {
@@ -84,6 +100,9 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
   if (was_training) model->train();
   r.n_skipped = loader.n_skipped();
   r.accuracy = r.n > 0 ? static_cast<double>(r.n_correct) / r.n : 0.0;
+  for (size_t k = 0; k < reward_names.size(); ++k) {
+    r.reward_means[reward_names[k]] = r.n > 0 ? reward_sums[k] / r.n : 0.0;
+  }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.samples_per_s = r.seconds > 0 ? r.n / r.seconds : 0.0;
   return r;

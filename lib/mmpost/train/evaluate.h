@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "mmpost/algo/rewards.h"
 #include "mmpost/data/sft_dataset.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/model/vlm.h"
@@ -21,6 +22,9 @@ struct ExactMatchOptions {
   int64_t num_workers = 2;
   bool skip_bad = false;    // count and skip bad records instead of failing
   bool show_progress = true;
+  /// Reward functions also scored on each prediction (their means go to reward_means); the
+  /// reference given to them is the <answer> of the final assistant turn when it has one.
+  std::vector<algo::RewardSpec> rewards;
 };
 
 /// Aggregate result.
@@ -31,6 +35,7 @@ struct ExactMatchResult {
   double accuracy = 0.0;  // n_correct / n
   double seconds = 0.0;
   double samples_per_s = 0.0;
+  std::map<std::string, double> reward_means;  // per reward function name (opts.rewards)
 };
 
 /// Strips leading/trailing whitespace (the comparison rule of exact match).

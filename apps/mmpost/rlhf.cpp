@@ -1,0 +1,695 @@
+// mmpost rlhf: online RL for a VLM on prompt JSONL. Each step: pick prompts (curriculum) ->
+// sample num_generations completions per prompt with the KV cache (recording their log-probs) ->
+// score them (rule-based verifiers, a learned reward model) -> advantages (GRPO / RLOO /
+// REINFORCE++ / PPO with GAE) -> num_iterations clipped-surrogate updates (algo::policy_loss,
+// TRL's loss types), with per-step diagnostics. Prompts are held in memory for random access by
+// the curriculum. One vision pass per prompt image serves all G completions.
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+
+#include "mmpost/algo/kl.h"
+#include "mmpost/algo/logprobs.h"
+#include "mmpost/algo/policy_gradient.h"
+#include "mmpost/algo/rewards.h"
+#include "mmpost/cli_common.h"
+#include "mmpost/config/recipe.h"
+#include "mmpost/config/schema.h"
+#include "mmpost/core/check.h"
+#include "mmpost/core/device.h"
+#include "mmpost/core/log.h"
+#include "mmpost/core/signals.h"
+#include "mmpost/data/collate.h"
+#include "mmpost/data/curriculum.h"
+#include "mmpost/data/loader.h"
+#include "mmpost/io/checkpoint.h"
+#include "mmpost/io/hf_folder.h"
+#include "mmpost/io/jsonl.h"
+#include "mmpost/io/safetensors.h"
+#include "mmpost/model/generation.h"
+#include "mmpost/model/reward_model.h"
+#include "mmpost/stage_common.h"
+#include "mmpost/train/checkpointing.h"
+#include "mmpost/train/evaluate.h"
+#include "mmpost/train/optimizer.h"
+
+namespace mmpost::cli {
+namespace fs = std::filesystem;
+using torch::Tensor;
+
+namespace {
+
+/// Prompt records held in memory (the curriculum samples them by index).
+struct PromptPool {
+  std::vector<nlohmann::json> records;
+  std::vector<int64_t> lines, difficulty;
+  std::vector<std::string> references;
+  int64_t n_skipped = 0;
+};
+
+/// A prompt record -> prompt-only sample; records without a final assistant turn get an empty
+/// one so they go through the same validation as eval's.
+data::SftSample make_prompt_sample(nlohmann::json rec, int64_t line, const data::SampleContext& ctx) {
+  if (rec.is_object() && rec.contains("messages") && rec["messages"].is_array() &&
+      !rec["messages"].empty() && rec["messages"].back().value("role", "") != "assistant") {
+    rec["messages"].push_back({{"role", "assistant"}, {"content", ""}});
+  }
+  return data::make_sft_sample(rec, line, ctx, /*prompt_only=*/true);
+}
+
+/// The reference answer: the record's "answer" (string or number), else the <answer> of the final
+/// assistant turn, else that turn's text.
+std::string reference_of(const nlohmann::json& rec, const data::SftSample& s) {
+  if (rec.contains("answer")) {
+    const auto& a = rec["answer"];
+    return a.is_string() ? a.get<std::string>() : a.dump();
+  }
+  return algo::extract_answer(s.reference).value_or(s.reference);
+}
+
+PromptPool load_prompts(const std::string& path, const data::SampleContext& ctx, bool skip_bad) {
+  PromptPool pool;
+  data::SampleContext c = ctx;
+  c.load_images = false;  // schema and length checks now; images are decoded per batch
+  io::JsonlReader reader(path);
+  io::JsonlRecord rec;
+  while (reader.next(rec)) {
+    try {
+      MMPOST_CHECK_DATA(rec.error.empty(), rec.error);
+      auto s = make_prompt_sample(rec.value, rec.line, c);
+      int64_t d = 0;
+      if (rec.value.contains("difficulty")) {
+        MMPOST_CHECK_DATA(rec.value["difficulty"].is_number_integer(), io::location(path, rec.line),
+                          ": difficulty: expected an integer");
+        d = rec.value["difficulty"].get<int64_t>();
+      }
+      pool.references.push_back(reference_of(rec.value, s));
+      pool.records.push_back(std::move(rec.value));
+      pool.lines.push_back(rec.line);
+      pool.difficulty.push_back(d);
+    } catch (const Error& e) {
+      if (!skip_bad || e.kind() != ErrorKind::kData) throw;
+      ++pool.n_skipped;
+      log_warn(std::string("rlhf: skipping bad prompt: ") + e.what());
+    }
+  }
+  MMPOST_CHECK_DATA(!pool.records.empty(), path, ": no usable prompts");
+  return pool;
+}
+
+/// Row index that repeats each prompt's block of `counts[i]` items G times (GRPO layout).
+Tensor repeat_index(const std::vector<int64_t>& counts, int64_t G, const torch::Device& device) {
+  std::vector<int64_t> index;
+  int64_t first = 0;
+  for (int64_t c : counts) {
+    for (int64_t g = 0; g < G; ++g) {
+      for (int64_t k = 0; k < c; ++k) index.push_back(first + k);
+    }
+    first += c;
+  }
+  return torch::tensor(index, torch::kInt64).to(device);
+}
+
+/// One generation batch: P prompts x G completions, rows grouped by prompt.
+struct Rollout {
+  int64_t P = 0, G = 0;
+  Tensor prompt_ids, prompt_mask;   // [P*G, Tp] left padded
+  Tensor pixel_values;              // [N, 3, H, W] the P prompts' images once (or undefined)
+  std::vector<int64_t> image_counts;  // [P]
+  Tensor completion;                // [P*G, Tc] sampled ids (pad after the end)
+  Tensor mask;                      // [P*G, Tc] float 1 on completion tokens (EOS/stop included)
+  Tensor old_logps, ref_logps, old_values, returns;  // [P*G, Tc]
+  Tensor advantages;                // [P*G] or [P*G, Tc]
+  std::vector<int64_t> prompt_index;  // [P] pool indices
+};
+
+/// Keeps the prompts `keep` (indices into 0..P-1) of a rollout, with their G rows and images.
+Rollout select_prompts(const Rollout& r, const std::vector<int64_t>& keep) {
+  Rollout o = r;
+  o.P = static_cast<int64_t>(keep.size());
+  std::vector<int64_t> rows, images, firsts;
+  int64_t first = 0;
+  for (int64_t c : r.image_counts) firsts.push_back(first), first += c;
+  o.image_counts.clear();
+  o.prompt_index.clear();
+  for (int64_t p : keep) {
+    for (int64_t g = 0; g < r.G; ++g) rows.push_back(p * r.G + g);
+    for (int64_t k = 0; k < r.image_counts[p]; ++k) images.push_back(firsts[p] + k);
+    o.image_counts.push_back(r.image_counts[p]);
+    o.prompt_index.push_back(r.prompt_index[p]);
+  }
+  auto dev = r.prompt_ids.device();
+  auto ri = torch::tensor(rows, torch::kInt64).to(dev);
+  for (Tensor* t : {&o.prompt_ids, &o.prompt_mask, &o.completion, &o.mask, &o.old_logps,
+                    &o.ref_logps, &o.old_values, &o.returns, &o.advantages}) {
+    if (t->defined()) *t = t->index_select(0, ri);
+  }
+  if (r.pixel_values.defined()) {
+    o.pixel_values = images.empty() ? Tensor()
+                                    : r.pixel_values.index_select(
+                                          0, torch::tensor(images, torch::kInt64).to(dev));
+  }
+  return o;
+}
+
+/// Per-token log-probs (and hidden states, for a value head) of the completions of prompts
+/// [p0, p1) of `r` under `m`: one vision pass per prompt image, features repeated for the G rows.
+struct TokenForward {
+  Tensor logps;    // [rows, Tc] float32, 0 off the mask
+  Tensor hidden;   // [rows, Tc, C] states that predict each completion token
+  Tensor logits;   // [rows, Tc, V] (only when keep_logits)
+};
+TokenForward completion_forward(model::Vlm& m, const Rollout& r, int64_t p0, int64_t p1,
+                                bool keep_logits = false) {
+  const int64_t G = r.G, rows0 = p0 * G, rows = (p1 - p0) * G;
+  Tensor features;
+  int64_t img0 = 0, n_img = 0;
+  for (int64_t p = 0; p < p0; ++p) img0 += r.image_counts[p];
+  std::vector<int64_t> counts(r.image_counts.begin() + p0, r.image_counts.begin() + p1);
+  for (int64_t c : counts) n_img += c;
+  if (n_img > 0) {
+    auto f = m->image_features(r.pixel_values.narrow(0, img0, n_img));  // [n, P, C] once
+    features = f.index_select(0, repeat_index(counts, G, f.device()));
+  }
+  auto comp = r.completion.narrow(0, rows0, rows);
+  auto cmask = r.mask.narrow(0, rows0, rows);
+  auto ids = torch::cat({r.prompt_ids.narrow(0, rows0, rows), comp}, 1);  // [rows, Tp + Tc]
+  auto mask = torch::cat({r.prompt_mask.narrow(0, rows0, rows), cmask.to(torch::kInt64)}, 1);
+  auto h = m->forward_hidden_features(ids, features, mask);  // [rows, Tp + Tc, C]
+  const int64_t Tp = r.prompt_ids.size(1), Tc = comp.size(1);
+  TokenForward out;
+  out.hidden = h.narrow(1, Tp - 1, Tc);  // position Tp-1+t predicts completion token t
+  auto logits = m->logits(out.hidden);   // [rows, Tc, V] float32
+  auto labels = comp.masked_fill(cmask.eq(0), -100);
+  out.logps = algo::selective_log_softmax(logits, labels);
+  if (keep_logits) out.logits = logits;
+  return out;
+}
+
+/// Mean entropy of the policy over completion tokens (no grad): -sum_v p log p per token.
+double mean_entropy(const Tensor& logits, const Tensor& mask) {
+  torch::NoGradGuard no_grad;
+  double total = 0;
+  for (int64_t i = 0; i < logits.size(0); ++i) {
+    auto lp = torch::log_softmax(logits[i], -1);
+    total += (-(lp.exp() * lp).sum(-1) * mask[i]).sum().item<double>();
+  }
+  return total / std::max(1.0, mask.sum().item<double>());
+}
+
+/// L2 norm of the gradients of a module's parameters.
+double grad_norm_of_module(torch::nn::Module& m) {
+  double sq = 0;
+  for (const auto& p : m.parameters()) {
+    if (p.grad().defined()) sq += p.grad().to(torch::kFloat64).pow(2).sum().item<double>();
+  }
+  return std::sqrt(sq);
+}
+
+/// Means of the logged quantities between two log lines.
+struct MetricWindow {
+  std::map<std::string, double> sum;
+  std::map<std::string, int64_t> n;
+  void add(const std::string& k, double v) { sum[k] += v, ++n[k]; }
+};
+
+double tensor_std(const Tensor& t) {
+  return t.numel() > 1 ? t.to(torch::kFloat64).std().item<double>() : 0.0;
+}
+
+}  // namespace
+
+/// Runs online RL for a validated recipe; returns the exit code (0, or 128 + signal).
+int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
+  // ---- setup -------------------------------------------------------------------------------
+  install_stop_handlers();
+  if (cfg.num_threads > 0) torch::set_num_threads(static_cast<int>(cfg.num_threads));
+  const torch::Device device = resolve_device(cfg.device);
+  const torch::Dtype dtype = resolve_dtype(cfg.dtype, device);
+  seed_everything(static_cast<uint64_t>(cfg.seed));
+  const auto& rl = cfg.rlhf;
+  const std::string algorithm = rl.algorithm;
+  const bool ppo = algorithm == "ppo";
+  const int64_t G = rl.num_generations;
+  auto specs = algo::parse_reward_specs(rl.rewards, "rlhf.rewards");
+  algo::PolicyLossConfig pcfg;
+  pcfg.loss_type = algo::parse_policy_loss_type(rl.loss_type);
+  pcfg.importance_sampling_level = algo::parse_importance_sampling_level(rl.importance_sampling_level);
+  pcfg.epsilon = rl.epsilon;
+  if (rl.epsilon_high.is_number()) pcfg.epsilon_high = rl.epsilon_high.get<double>();
+  const auto kl_est = algo::parse_kl_estimator(rl.kl_estimator);
+  const bool full_kl = kl_est == algo::KlEstimator::kFull;
+  const bool kl_loss = rl.beta > 0 && !rl.kl_in_reward;
+  pcfg.beta = kl_loss && !full_kl ? rl.beta : 0.0;
+  if (!full_kl) pcfg.kl_estimator = kl_est;
+  pcfg.max_completion_length = rl.max_completion_length;
+  algo::validate(pcfg);
+  auto curriculum_cfg = data::parse_curriculum_config(rl.curriculum, "rlhf.curriculum");
+  const fs::path out = cfg.output_dir;
+  fs::create_directories(out);
+  const nlohmann::json recipe = config::to_json(cfg);
+  io::write_text_atomic(out / "recipe.json", recipe.dump(2) + "\n");
+  log_info("rlhf: resolved recipe\n" + config::format_table(config::to_rows(cfg)));
+  std::optional<fs::path> ckpt;
+  if (allow_resume) ckpt = io::latest_complete_checkpoint(out);
+
+  // ---- policy, reference, reward model, value head -------------------------------------------
+  auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rlhf");
+  model::Vlm model = sm.model;
+  data::Tokenizer& tokenizer = *sm.tokenizer;
+  model::Vlm reference{nullptr};
+  if (rl.beta > 0) {  // beta = 0 loads no reference model (TRL)
+    log_info("rlhf: reference model from " + cfg.model.path);
+    reference = io::load_pretrained(cfg.model.path).model;
+    reference->to(device, dtype);
+    reference->eval();
+    for (auto& p : reference->parameters()) p.set_requires_grad(false);
+  }
+  model::RewardModel reward_model{nullptr};
+  if (!rl.reward_model.empty()) {
+    log_info("rlhf: reward model from " + rl.reward_model);
+    reward_model = model::load_reward_model(rl.reward_model).model;
+    reward_model->to(device, dtype);
+    reward_model->eval();
+    for (auto& p : reward_model->parameters()) p.set_requires_grad(false);
+  }
+  MMPOST_CHECK_USAGE(!specs.empty() || reward_model, "rlhf.rewards: no reward function and no "
+                     "rlhf.reward_model: nothing to optimize");
+  torch::nn::Linear value_head{nullptr};
+  if (ppo) {  // V(s) on the policy's hidden states (shared trunk, TRL's old ValueHead)
+    value_head = torch::nn::Linear(
+        torch::nn::LinearOptions(model->config().text_config.hidden_size, 1).bias(true));
+    torch::nn::init::normal_(value_head->weight, 0.0, 1e-3);
+    torch::nn::init::zeros_(value_head->bias);
+    if (ckpt) {
+      auto extra = train::load_extra_tensors(*ckpt);
+      MMPOST_CHECK(extra.count("value_head.weight"), ckpt->string(), ": no value head");
+      torch::NoGradGuard ng;
+      value_head->weight.copy_(extra.at("value_head.weight"));
+      value_head->bias.copy_(extra.at("value_head.bias"));
+    }
+    value_head->to(device, dtype);
+  }
+
+  // ---- data --------------------------------------------------------------------------------
+  const int64_t pad_id = pad_id_of(tokenizer);
+  data::SampleContext ctx = make_sample_context(sm, cfg.data, cfg.data.train);
+  ctx.template_options.add_generation_prompt = false;
+  const bool skip_bad = cfg.data.on_bad_sample == "skip";
+  PromptPool pool = load_prompts(cfg.data.train, ctx, skip_bad);
+  data::Curriculum curriculum(curriculum_cfg, data::group_by_difficulty(pool.difficulty),
+                              static_cast<uint64_t>(cfg.seed));
+  const int64_t B = cfg.train.batch_size;  // prompts per step
+  const int64_t total_steps =
+      cfg.train.max_steps > 0
+          ? cfg.train.max_steps
+          : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(
+                                     cfg.train.epochs * pool.records.size() / double(B))));
+  int64_t pass_index = 0;  // which reward decides pass/fail
+  if (!rl.pass_reward.empty()) {
+    auto it = std::find_if(specs.begin(), specs.end(),
+                           [&](const algo::RewardSpec& s) { return s.name == rl.pass_reward; });
+    MMPOST_CHECK_USAGE(it != specs.end(), "rlhf.pass_reward: \"", rl.pass_reward,
+                       "\" is not one of rlhf.rewards");
+    pass_index = it - specs.begin();
+  }
+  log_info("rlhf: " + std::to_string(pool.records.size()) + " prompts (" +
+           std::to_string(pool.n_skipped) + " skipped), " + std::to_string(B) + " prompts x " +
+           std::to_string(G) + " completions per step, " + std::to_string(total_steps) +
+           " steps; " + algorithm + ", loss " + rl.loss_type + ", beta " + fmt(rl.beta));
+
+  // ---- optimizer ---------------------------------------------------------------------------
+  auto named_items = model->named_parameters(/*recurse=*/true);
+  std::vector<std::pair<std::string, Tensor>> named;
+  std::vector<Tensor> trainable;
+  for (auto& item : named_items.items()) {
+    named.emplace_back(item.key(), item.value());
+    if (item.value().requires_grad()) trainable.push_back(item.value());
+  }
+  if (ppo) {
+    named.emplace_back("value_head.weight", value_head->weight);
+    named.emplace_back("value_head.bias", value_head->bias);
+    trainable.push_back(value_head->weight);
+    trainable.push_back(value_head->bias);
+  }
+  auto optimizer = train::make_adamw(
+      named, {cfg.optim.lr, cfg.optim.betas[0], cfg.optim.betas[1], cfg.optim.eps,
+              cfg.optim.weight_decay});
+
+  // ---- resume ------------------------------------------------------------------------------
+  train::TrainState state;
+  if (ckpt) {
+    state = train::read_train_state(*ckpt);
+    train::load_optimizer_and_rng(*ckpt, *optimizer);
+    if (state.extra.contains("curriculum")) curriculum.load_state(state.extra["curriculum"]);
+    log_info("rlhf: resumed from " + ckpt->string() + " at step " + std::to_string(state.step));
+  }
+  auto save = [&]() {
+    state.extra["curriculum"] = curriculum.state();
+    std::map<std::string, Tensor> extra;
+    if (ppo) extra = {{"value_head.weight", value_head->weight}, {"value_head.bias", value_head->bias}};
+    auto dir = train::save_checkpoint(out, state, model, sm.tokenizer_path, sm.image, *optimizer,
+                                      recipe, cfg.train.keep_last_n_checkpoints, &tokenizer, extra);
+    log_info("rlhf: checkpoint " + dir.string());
+  };
+  io::JsonlWriter metrics(out / "metrics.jsonl");
+  auto run_eval = [&]() {
+    if (cfg.data.eval.empty()) return;
+    train::ExactMatchOptions eo;
+    eo.max_samples = cfg.train.eval_max_samples;
+    eo.max_new_tokens = rl.max_completion_length;
+    eo.skip_bad = skip_bad;
+    eo.num_workers = cfg.data.num_workers;
+    eo.show_progress = false;
+    eo.rewards = specs;
+    data::SampleContext ectx = ctx;
+    auto r = train::evaluate_exact_match(model, ectx, cfg.data.eval, eo, device, dtype, nullptr);
+    nlohmann::json m = {{"step", state.step}, {"eval/accuracy", r.accuracy}, {"eval/n", r.n}};
+    std::string line = "rlhf: eval step " + std::to_string(state.step) + " (greedy, " +
+                       std::to_string(r.n) + " prompts) exact match " + fmt(r.accuracy);
+    for (const auto& [name, mean] : r.reward_means) {
+      m["eval/rewards/" + name] = mean;
+      line += " " + name + " " + fmt(mean);
+    }
+    metrics.write(m);
+    log_info(line);
+  };
+  model::GenerationConfig gen;
+  gen.max_new_tokens = rl.max_completion_length;
+  gen.temperature = rl.temperature;
+  gen.top_p = rl.top_p;
+  gen.top_k = rl.top_k;
+  gen.eos_token_ids = {tokenizer.eos_id()};
+  gen.pad_token_id = pad_id;
+  if (!rl.stop.empty()) {
+    gen.stop_check = [&tokenizer, &rl](const std::vector<int64_t>& ids) {
+      const std::string text = tokenizer.decode(ids);
+      return std::any_of(rl.stop.begin(), rl.stop.end(),
+                         [&](const std::string& s) { return text.find(s) != std::string::npos; });
+    };
+  }
+
+  // ---- loop --------------------------------------------------------------------------------
+  Progress progress("rlhf", total_steps);
+  progress.update(state.step);
+  MetricWindow window;
+  auto t_last = std::chrono::steady_clock::now();
+  while (state.step < total_steps) {
+    // -- rollout: prompts -> G completions each, with log-probs (no grad) --
+    auto t0 = std::chrono::steady_clock::now();
+    const auto picked = curriculum.next_batch(B);
+    std::vector<data::SftSample> samples;
+    Rollout r;
+    for (int64_t idx : picked) {
+      try {
+        samples.push_back(make_prompt_sample(pool.records[idx], pool.lines[idx], ctx));
+        r.prompt_index.push_back(idx);
+      } catch (const Error& e) {
+        if (!skip_bad || e.kind() != ErrorKind::kData) throw;
+        ++pool.n_skipped;
+        log_warn(std::string("rlhf: skipping bad prompt: ") + e.what());
+      }
+    }
+    MMPOST_CHECK_DATA(!samples.empty(), cfg.data.train, ": every prompt of step ", state.step + 1,
+                      " was bad");
+    r.P = static_cast<int64_t>(samples.size());
+    r.G = G;
+    auto pb = data::collate_prompts(samples, pad_id).to(device, dtype);
+    for (const auto& s : samples) {
+      r.image_counts.push_back(s.pixel_values.defined() ? s.pixel_values.size(0) : 0);
+    }
+    r.pixel_values = pb.pixel_values;
+    auto rep = model::repeat_interleave_batch(pb.input_ids, pb.attention_mask, pb.pixel_values,
+                                              r.image_counts, G);
+    r.prompt_ids = rep.input_ids;
+    r.prompt_mask = rep.attention_mask;
+    gen.seed = data::sample_seed(static_cast<uint64_t>(cfg.seed), 0, state.step);
+    model->eval();
+    model::GenerationOutput go;
+    {
+      torch::NoGradGuard no_grad;
+      go = model::generate(model, rep.input_ids, rep.attention_mask, rep.pixel_values, gen);
+    }
+    model->train();
+    const int64_t N = r.P * G, Tc = go.sequences.size(1);
+    r.completion = go.sequences;
+    auto lengths = go.lengths.to(device);
+    r.mask = (torch::arange(Tc, device).unsqueeze(0) < lengths.unsqueeze(1)).to(torch::kFloat32);
+    r.old_logps = go.logps.to(torch::kFloat32) * r.mask;
+    auto truncated = go.truncated.cpu();
+    // Decode and score.
+    auto seqs = go.sequences.cpu();
+    auto lens = go.lengths.cpu();
+    std::vector<std::string> texts, refs, prompts;
+    std::vector<int64_t> n_tokens;
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t p = i / G, len = lens[i].item<int64_t>();
+      std::vector<int64_t> ids(seqs[i].data_ptr<int64_t>(), seqs[i].data_ptr<int64_t>() + len);
+      texts.push_back(tokenizer.decode(ids));
+      refs.push_back(pool.references[r.prompt_index[p]]);
+      prompts.push_back(data::render_conversation(samples[p].messages, tokenizer,
+                                                  ctx.template_options));
+      n_tokens.push_back(len);
+    }
+    auto scores = specs.empty() ? algo::RewardScores{} :
+                  algo::score_all(specs, texts, refs, prompts, n_tokens);
+    Tensor rewards = specs.empty() ? torch::zeros({N}) : scores.total.clone();
+    torch::NoGradGuard rollout_no_grad;
+    if (reward_model) {
+      auto ids = torch::cat({r.prompt_ids, r.completion}, 1);
+      auto mask = torch::cat({r.prompt_mask, r.mask.to(torch::kInt64)}, 1);
+      auto rm = reward_model->forward(ids, rep.pixel_values, mask).to(torch::kFloat32).cpu();
+      window.add("rewards/reward_model/mean", rm.mean().item<double>());
+      rewards = rewards + rl.reward_model_weight * rm;
+    }
+    for (size_t k = 0; k < scores.names.size(); ++k) {
+      window.add("rewards/" + scores.names[k] + "/mean", scores.values[k].mean().item<double>());
+      window.add("rewards/" + scores.names[k] + "/std", tensor_std(scores.values[k]));
+    }
+    // Pass rates per prompt (curriculum and logs).
+    Tensor passed = specs.empty() ? (rewards > 0).to(torch::kFloat32)
+                                  : (scores.values[pass_index] >= rl.pass_threshold).to(torch::kFloat32);
+    auto pass_per_prompt = passed.view({r.P, G}).mean(1);
+    for (int64_t p = 0; p < r.P; ++p) {
+      curriculum.update(pool.difficulty[r.prompt_index[p]], pass_per_prompt[p].item<double>());
+    }
+    window.add("pass_rate", passed.mean().item<double>());
+    if (reference) {
+      r.ref_logps = completion_forward(reference, r, 0, r.P).logps * r.mask;
+      auto kl = algo::per_token_kl(r.old_logps, r.ref_logps,
+                                   full_kl ? algo::KlEstimator::kK3 : kl_est);
+      const double kl_mean = ((kl * r.mask).sum() / r.mask.sum().clamp_min(1)).item<double>();
+      window.add("kl", kl_mean);
+      if (rl.kl_in_reward && !ppo && algorithm != "reinforce_pp") {
+        rewards = rewards - rl.beta * (kl * r.mask).sum(1).cpu();  // sequence KL penalty
+      }
+    }
+    window.add("reward", rewards.mean().item<double>());
+    window.add("reward_std", tensor_std(rewards));
+    // Advantages.
+    auto rewards_dev = rewards.to(device);
+    algo::GroupAdvantages ga;
+    if (algorithm == "grpo" || algorithm == "rloo") {
+      ga = algorithm == "grpo"
+               ? algo::grpo_advantages(rewards_dev, G, algo::parse_scale_rewards(rl.scale_rewards))
+               : algo::rloo_advantages(rewards_dev, G);
+      r.advantages = ga.advantages;
+      window.add("frac_reward_zero_std",
+                 ga.is_std_zero.view({r.P, G}).all(1).to(torch::kFloat32).mean().item<double>());
+    } else if (algorithm == "reinforce_pp_baseline") {
+      r.advantages = algo::reinforce_pp_baseline_advantages(rewards_dev, G, r.mask);
+    } else {
+      auto ref = r.ref_logps.defined() ? r.ref_logps : r.old_logps;
+      const double kl_coef = rl.kl_in_reward || ppo ? rl.beta : 0.0;
+      auto token_rewards = algo::kl_penalized_rewards(r.old_logps, ref, rewards_dev, r.mask,
+                                                      kl_coef, full_kl ? algo::KlEstimator::kK1
+                                                                       : kl_est);
+      if (ppo) {
+        auto fwd = completion_forward(model, r, 0, r.P);
+        r.old_values = value_head(fwd.hidden).squeeze(-1).to(torch::kFloat32) * r.mask;
+        auto [adv, returns] = algo::gae(token_rewards, r.old_values, r.mask, rl.gamma, rl.lam);
+        r.advantages = rl.whiten_advantages ? algo::masked_whiten(adv, r.mask) * r.mask : adv;
+        r.returns = returns;
+      } else {
+        r.advantages = algo::reinforce_pp_advantages(token_rewards, r.mask, rl.gamma).first;
+      }
+    }
+    if (G > 1 && !ga.is_std_zero.defined()) {
+      window.add("frac_reward_zero_std",
+                 (rewards.view({r.P, G}).std(1, /*unbiased=*/true) < 1e-6)
+                     .to(torch::kFloat32).mean().item<double>());
+    }
+    auto adv_rows = r.advantages.dim() == 2
+                        ? (r.advantages * r.mask).sum(1) / r.mask.sum(1).clamp_min(1)
+                        : r.advantages;
+    window.add("advantages/mean", adv_rows.mean().item<double>());
+    window.add("advantages/std", tensor_std(adv_rows));
+    window.add("advantages/min", adv_rows.min().item<double>());
+    window.add("advantages/max", adv_rows.max().item<double>());
+    window.add("completions/mean_length", lens.to(torch::kFloat64).mean().item<double>());
+    window.add("completions/max_length", lens.max().item<double>());
+    window.add("completions/clipped_ratio", truncated.to(torch::kFloat64).mean().item<double>());
+    if (rl.mask_truncated_completions) {
+      r.mask = r.mask * (~go.truncated.to(device)).to(torch::kFloat32).unsqueeze(1);
+    }
+    if (rl.filter_zero_std_groups && G > 1) {
+      auto kept_rows = algo::filter_zero_std_groups(rewards, G);
+      std::vector<int64_t> keep;
+      auto kr = kept_rows.cpu();
+      for (int64_t i = 0; i < kr.size(0); i += G) keep.push_back(kr[i].item<int64_t>() / G);
+      window.add("filtered_groups", static_cast<double>(r.P - static_cast<int64_t>(keep.size())));
+      r = select_prompts(r, keep);
+    }
+    const double rollout_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    window.add("rollout_tokens_per_s", lens.sum().item<double>() / rollout_s);
+
+    // -- update: num_iterations passes of the clipped surrogate over the rollout --
+    auto t1 = std::chrono::steady_clock::now();
+    double grad_norm = 0, update_tokens = 0;
+    const double lr = cfg.optim.lr * train::lr_multiplier(cfg.scheduler.name, state.step,
+                                                           cfg.scheduler.warmup_steps, total_steps,
+                                                           cfg.scheduler.min_lr_ratio);
+    if (r.P == 0 || r.mask.sum().item<double>() == 0) {
+      log_warn("rlhf: step " + std::to_string(state.step + 1) +
+               ": no completion token carries a gradient (all groups filtered or masked)");
+    } else {
+      const int64_t n_micro = std::min<int64_t>(cfg.train.gradient_accumulation_steps, r.P);
+      const double n_loss_tokens = r.mask.sum().item<double>() / n_micro;
+      for (int64_t it = 0; it < rl.num_iterations; ++it) {
+        optimizer->zero_grad();
+        for (int64_t k = 0; k < n_micro; ++k) {
+          const int64_t p0 = r.P * k / n_micro, p1 = r.P * (k + 1) / n_micro;
+          const int64_t rows0 = p0 * G, rows = (p1 - p0) * G;
+          torch::AutoGradMode grad_on(true);
+          auto fwd = completion_forward(model, r, p0, p1, /*keep_logits=*/true);
+          auto mask = r.mask.narrow(0, rows0, rows);
+          auto old = rl.num_iterations == 1 ? fwd.logps.detach()
+                                            : r.old_logps.narrow(0, rows0, rows);
+          auto adv = r.advantages.narrow(0, rows0, rows);
+          Tensor ref = r.ref_logps.defined() ? r.ref_logps.narrow(0, rows0, rows) : Tensor();
+          auto po = algo::policy_loss(fwd.logps, old, adv, mask, pcfg,
+                                      pcfg.beta > 0 ? ref : Tensor(), n_loss_tokens);
+          auto loss = po.loss;
+          if (kl_loss && full_kl) {  // exact KL over the vocabulary as a loss term
+            torch::NoGradGuard ng;
+            auto ref_logits = completion_forward(reference, r, p0, p1, true).logits;
+            torch::AutoGradMode on(true);
+            auto kl = algo::full_kl(fwd.logits, ref_logits);
+            auto kl_mean = (kl * mask).sum() / mask.sum().clamp_min(1);
+            loss = loss + rl.beta * kl_mean;
+            window.add("kl_full", kl_mean.item<double>());
+          }
+          if (ppo) {
+            auto values = value_head(fwd.hidden).squeeze(-1).to(torch::kFloat32);
+            auto [vl, clipfrac] = algo::value_loss(values, r.old_values.narrow(0, rows0, rows),
+                                                   r.returns.narrow(0, rows0, rows), mask,
+                                                   rl.cliprange_value);
+            loss = loss + rl.vf_coef * vl;
+            window.add("value_loss", vl.item<double>());
+            window.add("value_clipfrac", clipfrac.item<double>());
+          }
+          (loss / static_cast<double>(n_micro)).backward();
+          window.add("loss", loss.item<double>());
+          if (po.clip_ratio_low.defined()) window.add("clip_ratio/low_mean", po.clip_ratio_low.item<double>());
+          if (po.clip_ratio_high.defined()) window.add("clip_ratio/high_mean", po.clip_ratio_high.item<double>());
+          if (po.clip_ratio_region.defined()) window.add("clip_ratio/region_mean", po.clip_ratio_region.item<double>());
+          if (po.kl.defined()) window.add("kl_loss_term", po.kl.item<double>());
+          auto diff = (fwd.logps.detach() - r.old_logps.narrow(0, rows0, rows)) * mask;
+          window.add("approx_kl", (0.5 * diff.pow(2).sum() / mask.sum().clamp_min(1)).item<double>());
+          window.add("entropy", mean_entropy(fwd.logits, mask));
+          update_tokens += mask.sum().item<double>();
+        }
+        window.add("grad_norm/vision_tower", grad_norm_of_module(*model->vision_tower));
+        window.add("grad_norm/projector", grad_norm_of_module(*model->multi_modal_projector));
+        window.add("grad_norm/language_model", grad_norm_of_module(*model->language_model));
+        grad_norm = train::clip_grad_norm(trainable, cfg.train.clip_grad_norm);
+        MMPOST_CHECK(std::isfinite(grad_norm), "step ", state.step + 1, ": gradient norm is ",
+                     grad_norm, "; stopping before the update so the last checkpoint stays valid",
+                     "\n  hint: lower optim.lr or use dtype float32");
+        train::set_lr(*optimizer, lr);
+        optimizer->step();
+        window.add("grad_norm", grad_norm);
+      }
+    }
+    const double update_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    window.add("update_tokens_per_s", update_tokens / std::max(update_s, 1e-9));
+    ++state.step;
+    state.tokens_seen += lens.sum().item<int64_t>();
+
+    if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
+      auto now = std::chrono::steady_clock::now();
+      nlohmann::json m = {{"step", state.step}, {"lr", lr}};
+      for (const auto& [k, v] : window.sum) m[k] = v / window.n[k];
+      m["curriculum/stage"] = curriculum.current_stage();
+      for (const auto& [d, rate] : curriculum.pass_rates()) {
+        m["curriculum/pass_rate/" + std::to_string(d)] = rate;
+      }
+      m["skipped"] = pool.n_skipped;
+      m["step_time_s"] = std::chrono::duration<double>(now - t_last).count() /
+                         std::max<int64_t>(1, cfg.train.log_every_n_steps);
+      metrics.write(m);
+      progress.clear();
+      auto get = [&](const char* k) { return m.contains(k) ? fmt(m[k].get<double>(), 3) : "-"; };
+      std::string rew;
+      for (const auto& name : scores.names) rew += " " + name + " " + get(("rewards/" + name + "/mean").c_str());
+      log_info("step " + std::to_string(state.step) + "/" + std::to_string(total_steps) +
+               " reward " + get("reward") + rew + " pass " + get("pass_rate") + " zero_std " +
+               get("frac_reward_zero_std") + " kl " + get("kl") + " entropy " + get("entropy") +
+               " len " + get("completions/mean_length") + " clip " + get("clip_ratio/region_mean") +
+               " grad_norm " + fmt(grad_norm, 3) + " lr " + fmt(lr, 3) +
+               (stderr_is_tty() ? "" : " eta " + format_duration(progress.eta_s())));
+      window = MetricWindow{};
+      t_last = now;
+    }
+    progress.update(state.step);
+    if (cfg.train.eval_every_n_steps > 0 && state.step % cfg.train.eval_every_n_steps == 0 &&
+        state.step < total_steps) {
+      run_eval();
+    }
+    if (cfg.train.save_every_n_steps > 0 && state.step % cfg.train.save_every_n_steps == 0 &&
+        state.step < total_steps) {
+      save();
+    }
+    if (int sig = stop_requested()) {
+      progress.finish();
+      log_warn("rlhf: signal " + std::to_string(sig) + " received; saving a checkpoint");
+      save();
+      return 128 + sig;
+    }
+  }
+  progress.finish();
+
+  // ---- final save --------------------------------------------------------------------------
+  save();
+  io::save_pretrained(out, model, sm.tokenizer_path, sm.image, torch::kFloat32, int64_t{5} << 30,
+                      &tokenizer);
+  if (ppo) {
+    io::save_safetensors(out / "value_head.safetensors",
+                         {{"weight", value_head->weight}, {"bias", value_head->bias}});
+  }
+  log_info("rlhf: final model written to " + out.string());
+  run_eval();
+  return 0;
+}
+
+Stage setup_rlhf(CLI::App& app) {
+  auto* sub = app.add_subcommand(
+      "rlhf", "online RL (GRPO, RLOO, REINFORCE++, PPO) with verifiable and learned rewards");
+  static CommonArgs args;
+  static bool no_resume = false;
+  add_common_flags(sub, args);
+  sub->add_flag("--no-resume", no_resume,
+                "start fresh even if OUTPUT has a complete checkpoint (default: resume from it)");
+  return {sub, [] {
+            if (args.print_defaults) {
+              std::cout << config::format_table(config::to_rows(config::RlhfConfig{}));
+              return 0;
+            }
+            auto cfg = config::load_rlhf_config(args.recipe, resolved_overrides(args));
+            return run_rlhf(cfg, !no_resume);
+          }};
+}
+
+}  // namespace mmpost::cli
