@@ -5,7 +5,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "mmpost/config/schema.h"
+
 #include <functional>
+#include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -32,6 +36,28 @@ struct Stage {
   CLI::App* sub;
   std::function<int()> run;
 };
+
+/// Registers a recipe-driven training stage `name`: the common flags, --no-resume and
+/// --print-defaults (the table of every key of Config with its default). `load` parses and
+/// validates the recipe, `run` runs it (returns the exit code).
+template <class Config>
+Stage training_stage(CLI::App& app, const std::string& name, const std::string& description,
+                     Config (*load)(const std::string&, const std::vector<std::string>&),
+                     int (*run)(const Config&, bool)) {
+  auto* sub = app.add_subcommand(name, description);
+  auto args = std::make_shared<CommonArgs>();
+  auto no_resume = std::make_shared<bool>(false);
+  add_common_flags(sub, *args);
+  sub->add_flag("--no-resume", *no_resume,
+                "start fresh even if OUTPUT has a complete checkpoint (default: resume from it)");
+  return {sub, [args, no_resume, load, run] {
+            if (args->print_defaults) {
+              std::cout << config::format_table(config::to_rows(Config{}));
+              return 0;
+            }
+            return run(load(args->recipe, resolved_overrides(*args)), !*no_resume);
+          }};
+}
 
 /// Stage registrations (each in its own file).
 Stage setup_sft(CLI::App& app);

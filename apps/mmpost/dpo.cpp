@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 #include "mmpost/algo/dpo_loss.h"
 #include "mmpost/cli_common.h"
@@ -49,6 +51,36 @@ algo::DpoLossConfig loss_config(const config::DpoSection& d) {
   if (d.ld_alpha.is_number()) c.ld_alpha = d.ld_alpha.get<double>();
   algo::validate(c);
   return c;
+}
+
+/// FNV-1a 64 of a file's bytes, hex (the data a reference cache was computed on).
+std::string content_hash(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  MMPOST_CHECK(in.good(), file.string(), ": cannot read");
+  uint64_t h = 1469598103934665603ull;
+  char buf[1 << 16];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    for (std::streamsize i = 0; i < in.gcount(); ++i) {
+      h = (h ^ static_cast<unsigned char>(buf[i])) * 1099511628211ull;
+    }
+  }
+  std::ostringstream os;
+  os << std::hex << h;
+  return os.str();
+}
+
+/// Size and modification time of every file of a model folder (cheap identity of its weights).
+std::string fingerprint(const fs::path& dir) {
+  std::vector<std::string> parts;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (!e.is_regular_file()) continue;
+    parts.push_back(e.path().filename().string() + ":" + std::to_string(e.file_size()) + ":" +
+                    std::to_string(e.last_write_time().time_since_epoch().count()));
+  }
+  std::sort(parts.begin(), parts.end());
+  std::string s;
+  for (const auto& p : parts) s += p + ";";
+  return s;
 }
 
 /// Running means of the logged quantities between two log lines.
@@ -161,8 +193,9 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     // Keyed by everything the values depend on, so a resumed run reuses them and a changed
     // setting recomputes them.
     auto precompute = [&](const std::string& path, const std::string& file) {
-      const std::string key = fs::absolute(ref_src).string() + "|" + fs::absolute(path).string() +
-                              "|" + std::to_string(fs::file_size(path)) + "|" +
+      if (!allow_resume) fs::remove(out / file);  // --no-resume recomputes
+      const std::string key = fs::absolute(ref_src).string() + "|" + fingerprint(ref_src) + "|" +
+                              fs::absolute(path).string() + "|" + content_hash(path) + "|" +
                               std::to_string(limits.max_prompt_length) + "|" +
                               std::to_string(limits.max_completion_length) + "|" +
                               std::to_string(limits.max_length) + "|" + dtype_name(ref_dtype);
@@ -353,21 +386,9 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
 }
 
 Stage setup_dpo(CLI::App& app) {
-  auto* sub = app.add_subcommand(
-      "dpo", "preference optimization (DPO family, mDPO) on preference JSONL");
-  static CommonArgs args;
-  static bool no_resume = false;
-  add_common_flags(sub, args);
-  sub->add_flag("--no-resume", no_resume,
-                "start fresh even if OUTPUT has a complete checkpoint (default: resume from it)");
-  return {sub, [] {
-            if (args.print_defaults) {
-              std::cout << config::format_table(config::to_rows(config::DpoConfig{}));
-              return 0;
-            }
-            auto cfg = config::load_dpo_config(args.recipe, resolved_overrides(args));
-            return run_dpo(cfg, !no_resume);
-          }};
+  return training_stage<config::DpoConfig>(
+      app, "dpo", "preference optimization (DPO family, mDPO) on preference JSONL",
+      config::load_dpo_config, run_dpo);
 }
 
 }  // namespace mmpost::cli

@@ -675,21 +675,9 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
 }
 
 Stage setup_rlhf(CLI::App& app) {
-  auto* sub = app.add_subcommand(
-      "rlhf", "online RL (GRPO, RLOO, REINFORCE++, PPO) with verifiable and learned rewards");
-  static CommonArgs args;
-  static bool no_resume = false;
-  add_common_flags(sub, args);
-  sub->add_flag("--no-resume", no_resume,
-                "start fresh even if OUTPUT has a complete checkpoint (default: resume from it)");
-  return {sub, [] {
-            if (args.print_defaults) {
-              std::cout << config::format_table(config::to_rows(config::RlhfConfig{}));
-              return 0;
-            }
-            auto cfg = config::load_rlhf_config(args.recipe, resolved_overrides(args));
-            return run_rlhf(cfg, !no_resume);
-          }};
+  return training_stage<config::RlhfConfig>(
+      app, "rlhf", "online RL (GRPO, RLOO, REINFORCE++, PPO) with verifiable and learned rewards",
+      config::load_rlhf_config, run_rlhf);
 }
 
 }  // namespace mmpost::cli

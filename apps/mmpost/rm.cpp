@@ -382,21 +382,9 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
 }
 
 Stage setup_rm(CLI::App& app) {
-  auto* sub = app.add_subcommand(
-      "rm", "reward model (Bradley-Terry, scalar head) on preference JSONL");
-  static CommonArgs args;
-  static bool no_resume = false;
-  add_common_flags(sub, args);
-  sub->add_flag("--no-resume", no_resume,
-                "start fresh even if OUTPUT has a complete checkpoint (default: resume from it)");
-  return {sub, [] {
-            if (args.print_defaults) {
-              std::cout << config::format_table(config::to_rows(config::RmConfig{}));
-              return 0;
-            }
-            auto cfg = config::load_rm_config(args.recipe, resolved_overrides(args));
-            return run_rm(cfg, !no_resume);
-          }};
+  return training_stage<config::RmConfig>(
+      app, "rm", "reward model (Bradley-Terry, scalar head) on preference JSONL",
+      config::load_rm_config, run_rm);
 }
 
 }  // namespace mmpost::cli

@@ -219,20 +219,9 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
 }
 
 Stage setup_sft(CLI::App& app) {
-  auto* sub = app.add_subcommand("sft", "supervised fine-tuning on conversational image-text JSONL");
-  static CommonArgs args;
-  static bool no_resume = false;
-  add_common_flags(sub, args);
-  sub->add_flag("--no-resume", no_resume,
-                "start fresh even if OUTPUT has a complete checkpoint (default: resume from it)");
-  return {sub, [] {
-            if (args.print_defaults) {
-              std::cout << config::format_table(config::to_rows(config::SftConfig{}));
-              return 0;
-            }
-            auto cfg = config::load_sft_config(args.recipe, resolved_overrides(args));
-            return run_sft(cfg, !no_resume);
-          }};
+  return training_stage<config::SftConfig>(
+      app, "sft", "supervised fine-tuning on conversational image-text JSONL",
+      config::load_sft_config, run_sft);
 }
 
 }  // namespace mmpost::cli
