@@ -494,8 +494,6 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
                ? algo::grpo_advantages(rewards_dev, G, algo::parse_scale_rewards(rl.scale_rewards))
                : algo::rloo_advantages(rewards_dev, G);
       r.advantages = ga.advantages;
-      window.add("frac_reward_zero_std",
-                 ga.is_std_zero.view({r.P, G}).all(1).to(torch::kFloat32).mean().item<double>());
     } else if (algorithm == "reinforce_pp_baseline") {
       r.advantages = algo::reinforce_pp_baseline_advantages(rewards_dev, G, r.mask);
     } else {
@@ -514,10 +512,10 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
         r.advantages = algo::reinforce_pp_advantages(token_rewards, r.mask, rl.gamma).first;
       }
     }
-    if (G > 1 && !ga.is_std_zero.defined()) {
-      window.add("frac_reward_zero_std",
-                 (rewards.view({r.P, G}).std(1, /*unbiased=*/true) < 1e-6)
-                     .to(torch::kFloat32).mean().item<double>());
+    if (G > 1) {  // groups whose rewards are exactly equal carry no signal (advantage 0)
+      auto grouped = rewards.view({r.P, G});
+      auto all_equal = grouped.eq(grouped.narrow(1, 0, 1)).all(1);
+      window.add("frac_reward_zero_std", all_equal.to(torch::kFloat32).mean().item<double>());
     }
     auto adv_rows = r.advantages.dim() == 2
                         ? (r.advantages * r.mask).sum(1) / r.mask.sum(1).clamp_min(1)
