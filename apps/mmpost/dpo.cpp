@@ -38,7 +38,13 @@ algo::DpoLossConfig loss_config(const config::DpoSection& d) {
   c.beta = d.beta;
   c.label_smoothing = d.label_smoothing;
   c.loss_types.clear();
-  for (const auto& name : d.loss_type) c.loss_types.push_back(algo::parse_dpo_loss_type(name));
+  for (const auto& name : d.loss_type) {
+    try {
+      c.loss_types.push_back(algo::parse_dpo_loss_type(name));
+    } catch (const Error& e) {
+      throw Error(e.kind(), "dpo.loss_type: " + e.message(), e.hint());
+    }
+  }
   c.loss_weights = d.loss_weights;
   if (d.rpo_alpha > 0) {
     if (c.loss_weights.empty()) c.loss_weights.assign(c.loss_types.size(), 1.0);
@@ -113,7 +119,7 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
   MMPOST_CHECK_USAGE(!(mdpo && cfg.dpo.precompute_ref_log_probs),
                      "dpo.mdpo with dpo.precompute_ref_log_probs: the corrupted images are drawn "
                      "anew each epoch, so their reference log-probs cannot be precomputed",
-                     "set one of them to false");
+                     "\n  hint: set one of them to false");
   const fs::path out = cfg.output_dir;
   fs::create_directories(out);
   const nlohmann::json recipe = config::to_json(cfg);

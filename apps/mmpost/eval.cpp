@@ -52,6 +52,9 @@ bool is_preference_file(const std::string& path) {
 /// Reward accuracy / margins of the policy vs a reference on preference pairs.
 int run_preference_eval(const EvalArgs& a, io::Pretrained& p, data::SampleContext& ctx,
                         const torch::Device& device, torch::Dtype dtype) {
+  MMPOST_CHECK_USAGE(a.beta > 0, "--beta: must be > 0, got ", a.beta);
+  MMPOST_CHECK_USAGE(a.rewards.empty(), "--reward applies to prompt data; ", a.data,
+                     " holds preference pairs");
   model::Vlm ref{nullptr};
   if (!a.ref_model.empty()) {
     ref = io::load_pretrained(a.ref_model).model;
@@ -118,6 +121,8 @@ int run_eval(const EvalArgs& a) {
   ctx.image = p.image;
   ctx.max_length = a.max_length;
   if (is_preference_file(a.data)) return run_preference_eval(a, p, ctx, device, dtype);
+  MMPOST_CHECK_USAGE(a.ref_model.empty(), "--ref-model applies to preference data; ", a.data,
+                     " holds no \"chosen\"/\"rejected\" pairs");
   std::unique_ptr<io::JsonlWriter> preds;
   if (!a.out.empty()) {
     if (fs::path(a.out).has_parent_path()) fs::create_directories(fs::path(a.out).parent_path());
@@ -132,8 +137,12 @@ int run_eval(const EvalArgs& a) {
   if (!a.rewards.empty()) {
     nlohmann::json specs = nlohmann::json::array();
     for (const auto& name : a.rewards) {
-      specs.push_back(name.front() == '{' ? nlohmann::json::parse(name)
-                                          : nlohmann::json{{"name", name}});
+      try {
+        specs.push_back(name.front() == '{' ? nlohmann::json::parse(name)
+                                            : nlohmann::json{{"name", name}});
+      } catch (const nlohmann::json::exception& e) {
+        throw Error(ErrorKind::kUsage, "--reward " + name + ": " + e.what());
+      }
     }
     eo.rewards = algo::parse_reward_specs(specs, "--reward");
   }

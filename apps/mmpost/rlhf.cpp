@@ -67,7 +67,8 @@ std::string reference_of(const nlohmann::json& rec, const data::SftSample& s) {
   return algo::extract_answer(s.reference).value_or(s.reference);
 }
 
-PromptPool load_prompts(const std::string& path, const data::SampleContext& ctx, bool skip_bad) {
+PromptPool load_prompts(const std::string& path, const data::SampleContext& ctx, bool skip_bad,
+                        const std::vector<algo::RewardSpec>& specs) {
   PromptPool pool;
   data::SampleContext c = ctx;
   c.load_images = false;  // schema and length checks now; images are decoded per batch
@@ -83,7 +84,20 @@ PromptPool load_prompts(const std::string& path, const data::SampleContext& ctx,
                           ": difficulty: expected an integer");
         d = rec.value["difficulty"].get<int64_t>();
       }
-      pool.references.push_back(reference_of(rec.value, s));
+      const std::string ref = reference_of(rec.value, s);
+      for (const auto& spec : specs) {  // a reference a verifier cannot read fails here, located
+        if (spec.kind != algo::RewardKind::kNumericMatch &&
+            spec.kind != algo::RewardKind::kChoiceMatch) {
+          continue;
+        }
+        try {
+          algo::score_one(spec, "", ref, "", 0);
+        } catch (const Error& e) {
+          throw Error(ErrorKind::kData, io::location(path, rec.line) + ": reference \"" + ref +
+                                            "\": " + e.message());
+        }
+      }
+      pool.references.push_back(ref);
       pool.records.push_back(std::move(rec.value));
       pool.lines.push_back(rec.line);
       pool.difficulty.push_back(d);
@@ -296,7 +310,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   data::SampleContext ctx = make_sample_context(sm, cfg.data, cfg.data.train);
   ctx.template_options.add_generation_prompt = false;
   const bool skip_bad = cfg.data.on_bad_sample == "skip";
-  PromptPool pool = load_prompts(cfg.data.train, ctx, skip_bad);
+  PromptPool pool = load_prompts(cfg.data.train, ctx, skip_bad, specs);
   data::Curriculum curriculum(curriculum_cfg, data::group_by_difficulty(pool.difficulty),
                               static_cast<uint64_t>(cfg.seed));
   const int64_t B = cfg.train.batch_size;  // prompts per step
@@ -442,13 +456,20 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     auto lens = go.lengths.cpu();
     std::vector<std::string> texts, refs, prompts;
     std::vector<int64_t> n_tokens;
+    data::TemplateOptions prompt_opts = ctx.template_options;
+    prompt_opts.add_generation_prompt = true;
+    std::vector<std::string> prompt_texts;
+    for (const auto& s : samples) {  // the prompt as the model saw it (no reference answer)
+      auto msgs = s.messages;
+      if (!msgs.empty() && msgs.back().role == "assistant") msgs.pop_back();
+      prompt_texts.push_back(data::render_conversation(msgs, tokenizer, prompt_opts));
+    }
     for (int64_t i = 0; i < N; ++i) {
       const int64_t p = i / G, len = lens[i].item<int64_t>();
       std::vector<int64_t> ids(seqs[i].data_ptr<int64_t>(), seqs[i].data_ptr<int64_t>() + len);
       texts.push_back(tokenizer.decode(ids));
       refs.push_back(pool.references[r.prompt_index[p]]);
-      prompts.push_back(data::render_conversation(samples[p].messages, tokenizer,
-                                                  ctx.template_options));
+      prompts.push_back(prompt_texts[p]);
       n_tokens.push_back(len);
     }
     auto scores = specs.empty() ? algo::RewardScores{} :

@@ -61,7 +61,7 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   const auto& mcfg = sm.model->config();
   sm.image.image_size = mcfg.vision_config.image_size;
   MMPOST_CHECK_USAGE(!sm.tokenizer_path.empty(), "model.tokenizer: no tokenizer.model found",
-                     "set model.tokenizer to a sentencepiece model");
+                     "\n  hint: set model.tokenizer to a sentencepiece model");
   sm.tokenizer = std::make_unique<data::Tokenizer>(sm.tokenizer_path.string());
   if (!sm.source.empty() && sm.tokenizer_path.parent_path() == sm.source) {
     io::add_hf_added_tokens(*sm.tokenizer, sm.source);  // e.g. llava-hf's <image> 32000

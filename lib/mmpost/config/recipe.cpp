@@ -77,9 +77,14 @@ void validate_common(const Config& c) {
 
 template <class Config>
 Config load_config(const std::string& recipe_path, const std::vector<std::string>& sets) {
-  nlohmann::json j = recipe_path.empty() ? nlohmann::json::object() : read_json_file(recipe_path);
-  MMPOST_CHECK_USAGE(j.is_object(), recipe_path, ": a recipe must be a JSON object");
-  for (const auto& s : sets) apply_override(j, s);
+  nlohmann::json j;
+  try {
+    j = recipe_path.empty() ? nlohmann::json::object() : read_json_file(recipe_path);
+    MMPOST_CHECK_USAGE(j.is_object(), recipe_path, ": a recipe must be a JSON object");
+    for (const auto& s : sets) apply_override(j, s);
+  } catch (const nlohmann::json::exception& e) {  // e.g. a number out of range in --set
+    throw Error(ErrorKind::kUsage, (recipe_path.empty() ? "recipe" : recipe_path) + ": " + e.what());
+  }
   std::string source = recipe_path.empty() ? "recipe" : recipe_path;
   if (!sets.empty()) source += " (with --set)";
   Config cfg = from_json<Config>(j, source);

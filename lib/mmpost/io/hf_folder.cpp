@@ -23,11 +23,27 @@ nlohmann::json read_json(const fs::path& path) {
 }
 }  // namespace
 
+namespace {
+/// Parameter count a config implies (weights only, biases and norms ignored): enough to catch a
+/// config that does not describe the stored weights before allocating the model.
+int64_t approx_num_params(const model::VlmConfig& c) {
+  const auto& v = c.vision_config;
+  const auto& t = c.text_config;
+  const int64_t kv = t.num_key_value_heads * t.head_dim, q = t.num_attention_heads * t.head_dim;
+  int64_t n = t.vocab_size * t.hidden_size * (c.tie_word_embeddings ? 1 : 2);
+  n += t.num_hidden_layers * (t.hidden_size * (2 * q + 2 * kv) + 3 * t.hidden_size * t.intermediate_size);
+  n += v.num_hidden_layers * (4 * v.hidden_size * v.hidden_size + 2 * v.hidden_size * v.intermediate_size);
+  n += v.num_channels * v.patch_size * v.patch_size * v.hidden_size;
+  n += v.hidden_size * t.hidden_size + t.hidden_size * t.hidden_size;  // projector
+  return n;
+}
+}  // namespace
+
 Pretrained load_pretrained(const fs::path& dir) {
   MMPOST_CHECK_USAGE(fs::is_directory(dir), dir.string(), ": model folder not found");
   fs::path cfg_path = dir / "config.json";
   MMPOST_CHECK_USAGE(fs::is_regular_file(cfg_path), cfg_path.string(), ": missing",
-                     "a model folder holds config.json, model.safetensors and tokenizer.model");
+                     "\n  hint: a model folder holds config.json, model.safetensors and tokenizer.model");
   nlohmann::json j = read_json(cfg_path);
   Pretrained p;
   try {
@@ -35,8 +51,17 @@ Pretrained load_pretrained(const fs::path& dir) {
   } catch (const Error& e) {
     throw Error(e.kind(), cfg_path.string() + ": " + e.message(), e.hint());
   }
-  p.model = model::build_vlm(p.config);
+  // Check the size before allocating: a config.json that lost its sub-configs falls back to HF's
+  // LLaVA-7B defaults, which would allocate gigabytes before any shape check.
   auto tensors = load_safetensors(dir);
+  int64_t stored = 0;
+  for (const auto& [name, t] : tensors) stored += t.numel();
+  const int64_t expected = approx_num_params(p.config);
+  MMPOST_CHECK_USAGE(expected <= 2 * stored + (int64_t{1} << 20), cfg_path.string(),
+                     ": describes a model of about ", expected, " parameters but the weights in ",
+                     dir.string(), " hold ", stored,
+                     "\n  hint: check that config.json has its vision_config and text_config");
+  p.model = model::build_vlm(p.config);
   model::load_hf_weights(*p.model, tensors, dir.string());
   if (fs::is_regular_file(dir / "tokenizer.model")) p.tokenizer_path = dir / "tokenizer.model";
   p.image.image_size = p.config.vision_config.image_size;

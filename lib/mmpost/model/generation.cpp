@@ -3,6 +3,8 @@
 // sequences and stop_check are evaluated on the host, from the same synced step).
 #include "mmpost/model/generation.h"
 
+#include <cmath>
+
 #include "mmpost/core/check.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -128,6 +130,8 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
                      cfg.max_new_tokens);
   MMPOST_CHECK_USAGE(cfg.top_p > 0.0 && cfg.top_p <= 1.0,
                      "generation: top_p must be in (0, 1], got ", cfg.top_p);
+  MMPOST_CHECK_USAGE(std::isfinite(cfg.temperature) && cfg.temperature >= 0.0,
+                     "generation: temperature must be a finite number >= 0, got ", cfg.temperature);
   TORCH_CHECK(input_ids.dim() == 2 && attention_mask.sizes() == input_ids.sizes(),
               "input_ids and attention_mask must both be [B, T]");
   torch::NoGradGuard no_grad;

@@ -75,7 +75,11 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
       const std::string& ref = (*samples)[i].reference;
       texts.push_back(pred);
       refs.push_back(algo::extract_answer(ref).value_or(ref));
-      prompts.push_back("");
+      auto msgs = (*samples)[i].messages;  // the prompt the model saw, without the reference
+      if (!msgs.empty() && msgs.back().role == "assistant") msgs.pop_back();
+      data::TemplateOptions po = ctx.template_options;
+      po.add_generation_prompt = true;
+      prompts.push_back(data::render_conversation(msgs, tok, po));
       n_tokens.push_back(lens[i]);
       if (preds != nullptr) {
         preds->write({{"id", (*samples)[i].id},
