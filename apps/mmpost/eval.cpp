@@ -168,7 +168,8 @@ int run_eval(const EvalArgs& a) {
 }  // namespace
 
 Stage setup_eval(CLI::App& app) {
-  auto* sub = app.add_subcommand("eval", "exact-match accuracy of greedy generation on JSONL");
+  auto* sub = app.add_subcommand(
+      "eval", "exact-match accuracy (+ rewards) of greedy generation; reward accuracy on pairs");
   static EvalArgs a;
   sub->add_option("--model,-m", a.model_dir, "model folder (HF layout)")->required();
   sub->add_option("--data,-d", a.data, "JSONL to evaluate (last assistant turn = reference)")
