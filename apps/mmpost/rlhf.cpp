@@ -62,7 +62,9 @@ data::SftSample make_prompt_sample(nlohmann::json rec, int64_t line, const data:
 std::string reference_of(const nlohmann::json& rec, const data::SftSample& s) {
   if (rec.contains("answer")) {
     const auto& a = rec["answer"];
-    return a.is_string() ? a.get<std::string>() : a.dump();
+    MMPOST_CHECK_DATA(a.is_string() || a.is_number(), "answer: expected a string or a number, got ",
+                      a.type_name());
+    return s.answer;
   }
   return algo::extract_answer(s.reference).value_or(s.reference);
 }
@@ -84,7 +86,12 @@ PromptPool load_prompts(const std::string& path, const data::SampleContext& ctx,
                           ": difficulty: expected an integer");
         d = rec.value["difficulty"].get<int64_t>();
       }
-      const std::string ref = reference_of(rec.value, s);
+      std::string ref;
+      try {
+        ref = reference_of(rec.value, s);
+      } catch (const Error& e) {
+        throw Error(e.kind(), io::location(path, rec.line) + ": " + e.message());
+      }
       for (const auto& spec : specs) {  // a reference a verifier cannot read fails here, located
         if (spec.kind != algo::RewardKind::kNumericMatch &&
             spec.kind != algo::RewardKind::kChoiceMatch) {

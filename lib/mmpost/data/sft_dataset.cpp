@@ -123,6 +123,10 @@ SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const Samp
   } else {
     s.id = "line-" + std::to_string(line);
   }
+  if (record.contains("answer") && (record["answer"].is_string() || record["answer"].is_number())) {
+    const auto& a = record["answer"];
+    s.answer = a.is_string() ? a.get<std::string>() : a.dump();
+  }
   MMPOST_CHECK_DATA(record.contains("messages"), where, ": missing \"messages\"");
   s.messages = parse_messages(record["messages"], where);
   bool has_assistant = std::any_of(s.messages.begin(), s.messages.end(),

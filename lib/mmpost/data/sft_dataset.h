@@ -25,6 +25,7 @@ struct SftSample {
   torch::Tensor pixel_values;        // [N, 3, H, W] float32, N = images (undefined when N = 0)
   std::vector<Message> messages;     // the parsed conversation
   std::string reference;             // prompt_only: the final assistant reply (eval target)
+  std::string answer;                // the record's "answer" field (string or number), if any
 };
 
 /// Everything needed to turn a record into a sample.

@@ -74,7 +74,10 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
       ++r.n;
       const std::string& ref = (*samples)[i].reference;
       texts.push_back(pred);
-      refs.push_back(algo::extract_answer(ref).value_or(ref));
+      // The verifiers' reference: the record's "answer" (as rlhf uses), else the <answer> of the
+      // final assistant turn, else that turn's text.
+      refs.push_back(!(*samples)[i].answer.empty() ? (*samples)[i].answer
+                                                   : algo::extract_answer(ref).value_or(ref));
       auto msgs = (*samples)[i].messages;  // the prompt the model saw, without the reference
       if (!msgs.empty() && msgs.back().role == "assistant") msgs.pop_back();
       data::TemplateOptions po = ctx.template_options;

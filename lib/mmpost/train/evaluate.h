@@ -23,7 +23,8 @@ struct ExactMatchOptions {
   bool skip_bad = false;    // count and skip bad records instead of failing
   bool show_progress = true;
   /// Reward functions also scored on each prediction (their means go to reward_means); the
-  /// reference given to them is the <answer> of the final assistant turn when it has one.
+  /// reference given to them is the record's "answer" field, else the <answer> of the final
+  /// assistant turn, else that turn's text (the same rule as `mmpost rlhf`).
   std::vector<algo::RewardSpec> rewards;
 };
 
