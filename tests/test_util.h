@@ -11,6 +11,25 @@
 #include <sstream>
 #include <string>
 
+#include <iostream>
+
+/// Reports the running test as skipped with `reason` (an optional dependency is missing): prints
+/// "MMPOST_SKIPPED: reason", which CTest's SKIP_REGULAR_EXPRESSION turns into "Skipped" (Catch2
+/// v2 has no skip), and under Catch2 v3 also SKIP()s. Use it as a statement that ends the test.
+#if defined(MMPOST_CATCH3)
+#define MMPOST_SKIP(reason)                                            \
+  do {                                                                 \
+    std::cout << "MMPOST_SKIPPED: " << reason << std::endl;            \
+    SKIP(reason);                                                      \
+  } while (0)
+#else
+#define MMPOST_SKIP(reason)                                            \
+  do {                                                                 \
+    std::cout << "MMPOST_SKIPPED: " << reason << std::endl;            \
+    return;                                                            \
+  } while (0)
+#endif
+
 namespace mmpost::testing {
 
 /// A fresh folder under the system temp dir, removed (recursively) on destruction.

@@ -1,6 +1,15 @@
 // Shared CLI wiring (see cli_common.h).
 #include "mmpost/cli_common.h"
 
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "mmpost/core/check.h"
+#include "mmpost/io/jsonl.h"
+
 namespace mmpost::cli {
 namespace {
 std::vector<Stage>& stages() {
@@ -26,6 +35,31 @@ std::vector<std::string> resolved_overrides(const CommonArgs& a) {
   if (!a.device.empty()) out.push_back("device=\"" + a.device + "\"");
   if (a.seed >= 0) out.push_back("seed=" + std::to_string(a.seed));
   return out;
+}
+
+StdinSpool::StdinSpool(std::string& path) {
+  if (path != "-") return;
+  const char* tmp = std::getenv("TMPDIR");
+  std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/mmpost-stdin-XXXXXX";
+  std::vector<char> name(pattern.begin(), pattern.end());
+  name.push_back('\0');
+  int fd = ::mkstemp(name.data());
+  MMPOST_CHECK(fd >= 0, pattern, ": cannot create a file for standard input");
+  file_ = name.data();
+  char buf[1 << 16];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0) {
+    MMPOST_CHECK(::write(fd, buf, n) == static_cast<ssize_t>(n), file_,
+                 ": cannot spool standard input (disk full?)");
+  }
+  ::close(fd);
+  MMPOST_CHECK(!std::ferror(stdin), "--data -: cannot read standard input");
+  io::set_stdin_spool(file_);
+  path = file_;
+}
+
+StdinSpool::~StdinSpool() {
+  if (!file_.empty()) std::remove(file_.c_str());
 }
 
 void register_subcommands(CLI::App& app) {

@@ -52,12 +52,27 @@ Stage training_stage(CLI::App& app, const std::string& name, const std::string& 
                 "start fresh even if OUTPUT has a complete checkpoint (default: resume from it)");
   return {sub, [args, no_resume, load, run] {
             if (args->print_defaults) {
-              std::cout << config::format_table(config::to_rows(Config{}));
+              std::cout << config::format_table(config::to_rows(Config{}), /*with_docs=*/true);
               return 0;
             }
             return run(load(args->recipe, resolved_overrides(*args)), !*no_resume);
           }};
 }
+
+/// `--data -`: copies standard input to a temporary JSONL file (removed with this object) and
+/// points `path` at it, so eval/generate can read it twice (count, then stream). Errors name it
+/// "<stdin>" and relative image paths resolve against the current folder (io::set_stdin_spool).
+/// Does nothing when `path` is not "-". Throws Error(kRuntime) when the copy fails.
+class StdinSpool {
+ public:
+  explicit StdinSpool(std::string& path);
+  ~StdinSpool();
+  StdinSpool(const StdinSpool&) = delete;
+  StdinSpool& operator=(const StdinSpool&) = delete;
+
+ private:
+  std::string file_;
+};
 
 /// Stage registrations (each in its own file).
 Stage setup_sft(CLI::App& app);

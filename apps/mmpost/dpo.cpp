@@ -26,6 +26,7 @@
 #include "mmpost/train/checkpointing.h"
 #include "mmpost/train/optimizer.h"
 #include "mmpost/train/preference.h"
+#include "mmpost/train/run.h"
 
 namespace mmpost::cli {
 namespace fs = std::filesystem;
@@ -89,25 +90,27 @@ std::string fingerprint(const fs::path& dir) {
   return s;
 }
 
-/// Running means of the logged quantities between two log lines.
-struct MetricWindow {
-  std::map<std::string, double> sum;
-  int64_t n = 0;
-  void add(const std::string& k, double v) { sum[k] += v; }
-};
+/// "sigmoid + 1*sft" style description of the loss terms for the log.
+std::string describe(const algo::DpoLossConfig& c) {
+  std::string s;
+  for (size_t k = 0; k < c.loss_types.size(); ++k) {
+    s += (k ? " + " : "") +
+         (c.loss_weights.empty() ? std::string() : fmt(c.loss_weights[k], 3) + "*") +
+         algo::to_string(c.loss_types[k]);
+  }
+  return s;
+}
 
 }  // namespace
 
 /// Runs DPO for a validated recipe; returns the exit code (0, or 128 + signal after a stop).
 int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
-  // ---- setup -------------------------------------------------------------------------------
-  install_stop_handlers();
-  if (cfg.num_threads > 0) torch::set_num_threads(static_cast<int>(cfg.num_threads));
-  const torch::Device device = resolve_device(cfg.device);
-  const torch::Dtype dtype = resolve_dtype(cfg.dtype, device);
+  // ---- setup: lock OUTPUT, find the checkpoint to resume from, signals, device, seed --------
+  train::Run run("dpo", cfg, allow_resume);
+  const torch::Device device = run.device();
+  const torch::Dtype dtype = run.dtype();
   const torch::Dtype ref_dtype = cfg.dpo.ref_dtype.empty() ? dtype
                                                            : resolve_dtype(cfg.dpo.ref_dtype, device);
-  seed_everything(static_cast<uint64_t>(cfg.seed));
   const algo::DpoLossConfig loss_cfg = loss_config(cfg.dpo);
   const bool ref_free = algo::is_reference_free(loss_cfg.loss_types.front());
   const bool mdpo = cfg.dpo.mdpo.enabled;
@@ -121,20 +124,36 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
                      "anew each epoch, so their reference log-probs cannot be precomputed",
                      "\n  hint: set one of them to false");
   const fs::path out = cfg.output_dir;
-  fs::create_directories(out);
-  const nlohmann::json recipe = config::to_json(cfg);
-  io::write_text_atomic(out / "recipe.json", recipe.dump(2) + "\n");
   log_info("dpo: resolved recipe\n" + config::format_table(config::to_rows(cfg)));
-  std::optional<fs::path> ckpt;
-  if (allow_resume) ckpt = io::latest_complete_checkpoint(out);
 
   // ---- policy + reference ------------------------------------------------------------------
-  auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "dpo");
+  auto sm = load_stage_model(cfg.model, cfg.data.image, run.checkpoint(), device, dtype, "dpo");
   model::Vlm model = sm.model;
-  data::Tokenizer& tokenizer = *sm.tokenizer;
   model::Vlm reference{nullptr};
   const fs::path ref_src = cfg.dpo.ref_model.empty() ? fs::path(cfg.model.path)
                                                      : fs::path(cfg.dpo.ref_model);
+
+  // ---- data --------------------------------------------------------------------------------
+  const int64_t pad_id = pad_id_of(*sm.tokenizer);
+  data::SampleContext ctx = make_sample_context(sm, cfg.data, cfg.data.train);
+  data::SampleContext train_ctx = ctx;
+  train_ctx.random_shift = cfg.data.image.random_shift;
+  const data::PreferenceLimits limits{cfg.dpo.max_prompt_length, cfg.dpo.max_completion_length,
+                                      cfg.data.max_length};
+  const data::ImageCorruption corruption{cfg.dpo.mdpo.corruption,
+                                         cfg.dpo.mdpo.corruption_strength};
+  data::StreamingLoader<data::PreferenceSample> loader(
+      train_loader_options(cfg), [&](const nlohmann::json& rec, int64_t line, uint64_t seed) {
+        return data::make_preference_sample(rec, line, train_ctx, limits,
+                                            mdpo ? &corruption : nullptr, seed);
+      });
+  const int64_t n_records = data::count_records(cfg.data.train);
+  const int64_t per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps;
+  const int64_t total_steps = train::total_steps_of(cfg.train, n_records, per_step);
+  log_info("dpo: " + std::to_string(n_records) + " preference pairs, " + std::to_string(per_step) +
+           " pairs/step, " + std::to_string(total_steps) + " steps; loss " +
+           describe(loss_cfg) + (mdpo ? " + mDPO" : ""));
+  if (run.finished(total_steps)) return run.report_already_finished();
   if (!ref_free) {  // the starting policy, never the resumed checkpoint
     log_info("dpo: reference model from " + ref_src.string() + " (" + dtype_name(ref_dtype) + ")");
     reference = io::load_pretrained(ref_src).model;
@@ -145,54 +164,11 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     reference->eval();
     for (auto& p : reference->parameters()) p.set_requires_grad(false);
   }
-
-  // ---- data --------------------------------------------------------------------------------
-  const int64_t pad_id = pad_id_of(tokenizer);
-  data::SampleContext ctx = make_sample_context(sm, cfg.data, cfg.data.train);
-  data::SampleContext train_ctx = ctx;
-  train_ctx.random_shift = cfg.data.image.random_shift;
-  const data::PreferenceLimits limits{cfg.dpo.max_prompt_length, cfg.dpo.max_completion_length,
-                                      cfg.data.max_length};
-  const data::ImageCorruption corruption{cfg.dpo.mdpo.corruption,
-                                         cfg.dpo.mdpo.corruption_strength};
-  data::LoaderOptions lo;
-  lo.path = cfg.data.train;
-  lo.batch_size = cfg.train.batch_size;
-  lo.num_workers = cfg.data.num_workers;
-  lo.shuffle_buffer = cfg.data.shuffle_buffer;
-  lo.prefetch = cfg.data.prefetch;
-  lo.seed = static_cast<uint64_t>(cfg.seed);
-  lo.skip_bad = cfg.data.on_bad_sample == "skip";
-  lo.repeat = true;
-  data::StreamingLoader<data::PreferenceSample> loader(
-      lo, [&](const nlohmann::json& rec, int64_t line, uint64_t seed) {
-        return data::make_preference_sample(rec, line, train_ctx, limits,
-                                            mdpo ? &corruption : nullptr, seed);
-      });
-  const int64_t n_records = data::count_records(cfg.data.train);
-  const int64_t per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps;
-  const int64_t total_steps =
-      cfg.train.max_steps > 0
-          ? cfg.train.max_steps
-          : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(cfg.train.epochs * n_records /
-                                                               static_cast<double>(per_step))));
-  log_info("dpo: " + std::to_string(n_records) + " preference pairs, " + std::to_string(per_step) +
-           " pairs/step, " + std::to_string(total_steps) + " steps; loss " +
-           [&] {
-             std::string s;
-             for (size_t k = 0; k < loss_cfg.loss_types.size(); ++k) {
-               s += (k ? " + " : "") +
-                    (loss_cfg.loss_weights.empty() ? std::string()
-                                                   : fmt(loss_cfg.loss_weights[k], 3) + "*") +
-                    algo::to_string(loss_cfg.loss_types[k]);
-             }
-             return s;
-           }() + (mdpo ? " + mDPO" : ""));
   train::PreferenceEvalOptions eval_opts;
   eval_opts.beta = cfg.dpo.beta;
   eval_opts.batch_size = cfg.train.batch_size;
   eval_opts.num_workers = cfg.data.num_workers;
-  eval_opts.skip_bad = lo.skip_bad;
+  eval_opts.skip_bad = cfg.data.on_bad_sample == "skip";
   eval_opts.limits = limits;
   std::optional<train::ReferenceLogpsCache> ref_cache, eval_ref_cache;
   if (!ref_free && cfg.dpo.precompute_ref_log_probs) {
@@ -213,35 +189,23 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     reference = model::Vlm{nullptr};  // no longer needed: free its memory
   }
 
-  // ---- optimizer ---------------------------------------------------------------------------
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  std::vector<torch::Tensor> trainable;
-  auto named_items = model->named_parameters(/*recurse=*/true);  // keep alive while iterating
-  for (auto& item : named_items.items()) {
-    named.emplace_back(item.key(), item.value());
-    if (item.value().requires_grad()) trainable.push_back(item.value());
+  // ---- optimizer, checkpoints, resume ------------------------------------------------------
+  train::Optimizer optimizer(train::named_parameters_of(*model), cfg.optim, cfg.scheduler,
+                             cfg.train.clip_grad_norm, total_steps);
+  train::Checkpointer checkpointer(cfg.output_dir, cfg.train.keep_last_n_checkpoints,
+                                   {.vlm = model, .tokenizer = sm.tokenizer.get(), .image = sm.image},
+                                   optimizer.adamw(), run.checkpoint() ? run.state.step : -1);
+  if (run.checkpoint()) {
+    train::load_optimizer_and_rng(*run.checkpoint(), optimizer.adamw());
+    loader.seek(run.state.loader);
   }
-  auto optimizer = train::make_adamw(
-      named, {cfg.optim.lr, cfg.optim.betas[0], cfg.optim.betas[1], cfg.optim.eps,
-              cfg.optim.weight_decay});
-
-  // ---- resume ------------------------------------------------------------------------------
-  train::TrainState state;
-  if (ckpt) {
-    state = train::read_train_state(*ckpt);
-    train::load_optimizer_and_rng(*ckpt, *optimizer);
-    loader.seek(state.loader);
-    log_info("dpo: resumed from " + ckpt->string() + " at step " + std::to_string(state.step));
-  }
-  auto save = [&]() {
-    state.loader = loader.cursor();
-    state.n_skipped = loader.n_skipped();
-    auto dir = train::save_checkpoint(out, state, model, sm.tokenizer_path, sm.image, *optimizer,
-                                      recipe, cfg.train.keep_last_n_checkpoints, &tokenizer);
-    log_info("dpo: checkpoint " + dir.string());
+  const nlohmann::json recipe = config::to_json(cfg);
+  auto save = [&] {
+    run.state.loader = loader.cursor();
+    run.state.n_skipped = loader.n_skipped();
+    log_info("dpo: checkpoint " + checkpointer.save(run.state, recipe).string());
   };
-  io::JsonlWriter metrics(out / "metrics.jsonl");
-  auto run_eval = [&]() {
+  auto run_eval = [&] {
     if (cfg.data.eval.empty()) return;
     auto o = eval_opts;
     o.max_samples = cfg.train.eval_max_samples;
@@ -249,35 +213,31 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     model::Vlm* ref = reference ? &reference : nullptr;
     const train::ReferenceLogpsCache* cache = eval_ref_cache ? &*eval_ref_cache : nullptr;
     auto r = train::evaluate_preferences(model, ref, ctx, cfg.data.eval, o, device, dtype, cache);
-    log_info("dpo: eval step " + std::to_string(state.step) + " rewards/accuracies " +
-             fmt(r.accuracy) + " rewards/margins " + fmt(r.margin) + " (" + std::to_string(r.n) +
-             " pairs" + (ref || cache || !ref_free ? ")" : ", reference-free)"));
-    metrics.write({{"step", state.step},
-                   {"eval/rewards/accuracies", r.accuracy},
-                   {"eval/rewards/margins", r.margin},
-                   {"eval/rewards/chosen", r.reward_chosen},
-                   {"eval/rewards/rejected", r.reward_rejected},
-                   {"eval/logps/chosen", r.logps_chosen},
-                   {"eval/logps/rejected", r.logps_rejected},
-                   {"eval/n", r.n}});
+    run.log_eval({{"eval/rewards/accuracies", r.accuracy},
+                  {"eval/rewards/margins", r.margin},
+                  {"eval/rewards/chosen", r.reward_chosen},
+                  {"eval/rewards/rejected", r.reward_rejected},
+                  {"eval/logps/chosen", r.logps_chosen},
+                  {"eval/logps/rejected", r.logps_rejected},
+                  {"eval/n", r.n}},
+                 "dpo: eval step " + std::to_string(run.state.step) + " rewards/accuracies " +
+                     fmt(r.accuracy) + " rewards/margins " + fmt(r.margin) + " (" +
+                     std::to_string(r.n) + " pairs" + (ref_free ? ", reference-free)" : ")"));
   };
 
   // ---- loop --------------------------------------------------------------------------------
-  Progress progress("dpo", total_steps);
-  progress.update(state.step);
-  auto t_last = std::chrono::steady_clock::now();
-  int64_t tokens_window = 0, pairs_window = 0;
-  MetricWindow window;
+  run.start(total_steps, recipe);
+  auto& state = run.state;
+  train::MetricWindow window;
   const int64_t n_micro = cfg.train.gradient_accumulation_steps;
   while (state.step < total_steps) {
-    optimizer->zero_grad();
+    optimizer.zero_grad();
     double step_loss = 0.0;
     for (int64_t a = 0; a < n_micro; ++a) {
       auto samples = loader.next_batch();
       MMPOST_CHECK_DATA(samples.has_value(), cfg.data.train, ": no preference pairs");
       auto b = data::collate_preference(*samples, pad_id).to(device, dtype);
-      const int64_t B = b.batch_size;
-      auto pol = train::preference_forward(model, b, loss_cfg.use_weighting, mdpo);
+      auto pol = train::preference_forward(model, b, loss_cfg.use_weighting, mdpo);  // [2B] rows
       algo::PreferenceLogps ref;
       torch::Tensor ref_chosen_corrupted;
       if (ref_cache) {
@@ -298,100 +258,65 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
       }
       auto out_l = algo::dpo_loss(pol.logps, ref_free ? nullptr : &ref, loss_cfg);
       auto loss = out_l.losses.mean();
+      // TRL's metric names, means over the pairs of the micro-batch: one device-to-host copy.
+      auto rc = out_l.rewards_chosen, rr = out_l.rewards_rejected;
+      std::vector<std::string> names = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                        "rewards/margins", "logps/chosen", "logps/rejected",
+                                        "logits/chosen", "logits/rejected"};
+      std::vector<torch::Tensor> values = {rc.mean(), rr.mean(), (rc > rr).to(rc.scalar_type()).mean(),
+                                           (rc - rr).mean(), pol.logps.chosen.mean(),
+                                           pol.logps.rejected.mean(), pol.logits_mean_chosen.mean(),
+                                           pol.logits_mean_rejected.mean()};
       if (mdpo) {
         auto m = algo::mdpo_loss(pol.logps.chosen, ref.chosen, pol.chosen_corrupted,
                                  ref_chosen_corrupted.to(torch::kFloat32), cfg.dpo.beta,
                                  cfg.dpo.mdpo.anchor_delta);
         loss = loss + cfg.dpo.mdpo.conditional_weight * m.conditional.mean();
-        window.add("mdpo/conditional", m.conditional.mean().item<double>() / n_micro);
+        names.push_back("mdpo/conditional");
+        values.push_back(m.conditional.mean());
         if (cfg.dpo.mdpo.anchor) {
           loss = loss + cfg.dpo.mdpo.anchor_weight * m.anchor.mean();
-          window.add("mdpo/anchor", m.anchor.mean().item<double>() / n_micro);
+          names.push_back("mdpo/anchor");
+          values.push_back(m.anchor.mean());
         }
       }
       (loss / static_cast<double>(n_micro)).backward();
-      step_loss += loss.item<double>() / n_micro;
-      // TRL's metric names, means over the pairs of the step: one device-to-host copy for all.
-      auto rc = out_l.rewards_chosen, rr = out_l.rewards_rejected;
-      static const char* kNames[] = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
-                                     "rewards/margins", "logps/chosen", "logps/rejected",
-                                     "logits/chosen", "logits/rejected"};
-      auto stats = torch::stack({rc.mean(), rr.mean(), (rc > rr).to(rc.scalar_type()).mean(),
-                                 (rc - rr).mean(), pol.logps.chosen.mean(),
-                                 pol.logps.rejected.mean(), pol.logits_mean_chosen.mean(),
-                                 pol.logits_mean_rejected.mean()})
-                       .detach()
-                       .to(torch::kCPU, torch::kFloat64);
+      values.push_back(loss);
+      auto stats = torch::stack(values).detach().to(torch::kCPU, torch::kFloat64);
       auto sa = stats.accessor<double, 1>();
-      for (int k = 0; k < 8; ++k) window.add(kNames[k], sa[k] / n_micro);
-      pairs_window += B;
-      tokens_window += b.n_tokens;
+      for (size_t k = 0; k < names.size(); ++k) window.add(names[k], sa[k]);
+      step_loss += sa[names.size()] / static_cast<double>(n_micro);
+      window.count(b.n_tokens, b.batch_size);
       state.tokens_seen += b.n_tokens;
     }
-    MMPOST_CHECK(std::isfinite(step_loss), "step ", state.step + 1, ": loss is ", step_loss,
-                 "; stopping before the update so the last checkpoint stays valid",
-                 "\n  hint: lower optim.lr or dpo.beta, keep train.clip_grad_norm > 0");
-    double grad_norm = train::clip_grad_norm(trainable, cfg.train.clip_grad_norm);
-    MMPOST_CHECK(std::isfinite(grad_norm), "step ", state.step + 1, ": gradient norm is ",
-                 grad_norm, "; stopping before the update", "\n  hint: lower optim.lr");
-    double lr = cfg.optim.lr * train::lr_multiplier(cfg.scheduler.name, state.step,
-                                                     cfg.scheduler.warmup_steps, total_steps,
-                                                     cfg.scheduler.min_lr_ratio);
-    train::set_lr(*optimizer, lr);
-    optimizer->step();
+    auto st = optimizer.step(state.step, step_loss);
     ++state.step;
     window.add("loss", step_loss);
-    window.add("grad_norm", grad_norm);
-    ++window.n;
+    window.add("grad_norm", st.grad_norm);
 
     if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
-      auto now = std::chrono::steady_clock::now();
-      double dt = std::chrono::duration<double>(now - t_last).count();
-      nlohmann::json m = {{"step", state.step}, {"lr", lr}};
-      for (const auto& [k, v] : window.sum) m[k] = v / window.n;
-      m["tokens_per_s"] = tokens_window / dt;
-      m["pairs_per_s"] = pairs_window / dt;
+      auto m = window.flush("pairs");
+      m["lr"] = st.lr;
       m["epoch"] = loader.cursor().epoch;
       m["skipped"] = loader.n_skipped();
-      metrics.write(m);
-      progress.clear();
-      log_info("step " + std::to_string(state.step) + "/" + std::to_string(total_steps) +
-               " loss " + fmt(m["loss"].get<double>()) + " rewards/accuracies " +
-               fmt(m["rewards/accuracies"].get<double>(), 3) + " rewards/margins " +
-               fmt(m["rewards/margins"].get<double>()) + " logps/chosen " +
-               fmt(m["logps/chosen"].get<double>()) + " lr " + fmt(lr, 3) + " grad_norm " +
-               fmt(grad_norm, 3) + " tokens/s " + fmt(tokens_window / dt, 4) +
-               (stderr_is_tty() ? "" : " eta " + format_duration(progress.eta_s())));
-      t_last = now;
-      tokens_window = pairs_window = 0;
-      window = MetricWindow{};
+      run.log_step(m, {"loss", "rewards/accuracies", "rewards/margins", "logps/chosen"});
     }
-    progress.update(state.step);
-    if (cfg.train.eval_every_n_steps > 0 && state.step % cfg.train.eval_every_n_steps == 0 &&
-        state.step < total_steps) {
-      run_eval();
-    }
-    if (cfg.train.save_every_n_steps > 0 && state.step % cfg.train.save_every_n_steps == 0 &&
-        state.step < total_steps) {
+    run.progress();
+    if (run.due(cfg.train.eval_every_n_steps)) run_eval();
+    if (run.due(cfg.train.save_every_n_steps)) save();
+    if (int sig = run.stop_requested()) {
       save();
-    }
-    if (int sig = stop_requested()) {
-      progress.finish();
-      log_warn("dpo: signal " + std::to_string(sig) + " received; saving a checkpoint");
-      save();
-      return 128 + sig;
+      return run.stopped(sig);
     }
   }
-  progress.finish();
 
   // ---- final save --------------------------------------------------------------------------
   save();
-  io::save_pretrained(out, model, sm.tokenizer_path, sm.image, torch::kFloat32, int64_t{5} << 30,
-                      &tokenizer);
+  checkpointer.export_final();
   log_info("dpo: final model written to " + out.string() + " (" +
            std::to_string(loader.n_skipped()) + " bad pairs skipped)");
   run_eval();
-  return 0;
+  return run.completed();
 }
 
 Stage setup_dpo(CLI::App& app) {

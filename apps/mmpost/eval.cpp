@@ -68,7 +68,7 @@ int run_preference_eval(const EvalArgs& a, io::Pretrained& p, data::SampleContex
   o.num_workers = a.num_workers;
   o.skip_bad = a.on_bad_sample == "skip";
   o.limits.max_length = a.max_length;
-  log_info("eval: preference pairs in " + a.data + "; policy " + a.model_dir + ", reference " +
+  log_info("eval: preference pairs in " + io::display_name(a.data) + "; policy " + a.model_dir + ", reference " +
            (a.ref_model.empty() ? std::string("none (reference-free)") : a.ref_model));
   auto start = std::chrono::steady_clock::now();
   auto r = train::evaluate_preferences(p.model, ref ? &ref : nullptr, ctx, a.data, o, device,
@@ -89,12 +89,13 @@ int run_preference_eval(const EvalArgs& a, io::Pretrained& p, data::SampleContex
                            {"samples_per_s", secs > 0 ? r.n / secs : 0.0},
                            {"model", a.model_dir},
                            {"ref_model", a.ref_model.empty() ? nlohmann::json() : nlohmann::json(a.ref_model)},
-                           {"data", a.data}};
+                           {"data", io::display_name(a.data)}};
   std::cout << result.dump() << std::endl;
   return 0;
 }
 
-int run_eval(const EvalArgs& a) {
+int run_eval(EvalArgs a) {
+  StdinSpool spool(a.data);  // --data -
   // ---- setup -------------------------------------------------------------------------------
   MMPOST_CHECK_USAGE(a.on_bad_sample == "error" || a.on_bad_sample == "skip",
                      "--on-bad-sample: \"", a.on_bad_sample, "\" is not one of error, skip");
@@ -124,7 +125,9 @@ int run_eval(const EvalArgs& a) {
   MMPOST_CHECK_USAGE(a.ref_model.empty(), "--ref-model applies to preference data; ", a.data,
                      " holds no \"chosen\"/\"rejected\" pairs");
   std::unique_ptr<io::JsonlWriter> preds;
-  if (!a.out.empty()) {
+  if (a.out == "-") {  // predictions on stdout; the summary object stays the last line
+    preds = std::make_unique<io::JsonlWriter>("-");
+  } else if (!a.out.empty()) {
     if (fs::path(a.out).has_parent_path()) fs::create_directories(fs::path(a.out).parent_path());
     preds = std::make_unique<io::JsonlWriter>(a.out, io::JsonlWriter::Mode::kTruncate);
   }
@@ -146,7 +149,7 @@ int run_eval(const EvalArgs& a) {
     }
     eo.rewards = algo::parse_reward_specs(specs, "--reward");
   }
-  log_info("eval: " + a.model_dir + " on " + a.data + " (" + describe_device(device) + ")");
+  log_info("eval: " + a.model_dir + " on " + io::display_name(a.data) + " (" + describe_device(device) + ")");
   auto r = train::evaluate_exact_match(p.model, ctx, a.data, eo, device, dtype, preds.get());
   log_info("eval: accuracy " + std::to_string(r.accuracy) + " (" + std::to_string(r.n_correct) +
            "/" + std::to_string(r.n) + "), " + std::to_string(r.n_skipped) + " skipped, " +
@@ -157,7 +160,7 @@ int run_eval(const EvalArgs& a) {
                            {"n_skipped", r.n_skipped},
                            {"samples_per_s", r.samples_per_s},
                            {"model", a.model_dir},
-                           {"data", a.data}};
+                           {"data", io::display_name(a.data)}};
   for (const auto& [name, mean] : r.reward_means) {
     result["rewards/" + name] = mean;
     log_info("eval: rewards/" + name + " " + std::to_string(mean));
@@ -172,9 +175,10 @@ Stage setup_eval(CLI::App& app) {
       "eval", "exact-match accuracy (+ rewards) of greedy generation; reward accuracy on pairs");
   static EvalArgs a;
   sub->add_option("--model,-m", a.model_dir, "model folder (HF layout)")->required();
-  sub->add_option("--data,-d", a.data, "JSONL to evaluate (last assistant turn = reference)")
+  sub->add_option("--data,-d", a.data, "JSONL to evaluate (last assistant turn = reference); - reads stdin")
       ->required();
-  sub->add_option("--out", a.out, "write per-sample predictions (JSONL) here");
+  sub->add_option("--out", a.out, "write per-sample predictions (JSONL) here; - writes them to stdout, before the "
+                  "summary object (always the last stdout line)");
   sub->add_option("--max-new-tokens", a.max_new_tokens, "generation budget per sample")
       ->capture_default_str();
   sub->add_option("--batch-size", a.batch_size, "prompts per generation batch")

@@ -16,6 +16,7 @@
 #include "mmpost/data/loader.h"
 #include "mmpost/data/sft_dataset.h"
 #include "mmpost/io/hf_folder.h"
+#include "mmpost/io/jsonl.h"
 #include "mmpost/model/generation.h"
 
 namespace mmpost::cli {
@@ -91,8 +92,9 @@ void validate(const GenerateArgs& a) {
   MMPOST_CHECK_USAGE(fs::is_regular_file(a.data), "--data ", a.data, ": no such file");
 }
 
-int run_generate(const GenerateArgs& a) {
+int run_generate(GenerateArgs a) {
   // ---- setup -------------------------------------------------------------------------------
+  StdinSpool spool(a.data);  // --data -
   validate(a);
   // A closed stdout (`| head`) must end the run, not kill it mid-write: writes then fail with
   // EPIPE, which the loop below checks after each flush.
@@ -120,8 +122,8 @@ int run_generate(const GenerateArgs& a) {
                           p.config.n_image_tokens(), true};
   ctx.image = p.image;
   ctx.max_length = a.max_length;
-  ctx.source = a.data;
-  ctx.base_dir = fs::path(a.data).parent_path();
+  ctx.source = io::display_name(a.data);
+  ctx.base_dir = io::relative_base(a.data);
   data::LoaderOptions lo;
   lo.path = a.data;
   lo.batch_size = a.batch_size;
@@ -153,7 +155,7 @@ int run_generate(const GenerateArgs& a) {
   }
   int64_t total = data::count_records(a.data);
   if (a.max_samples > 0) total = std::min(total, a.max_samples);
-  log_info("generate: " + a.model_dir + " on " + a.data + " (" + std::to_string(total) +
+  log_info("generate: " + a.model_dir + " on " + io::display_name(a.data) + " (" + std::to_string(total) +
            " prompts x " + std::to_string(a.num_generations) + ", " + describe_device(device) +
            ")");
 
@@ -237,7 +239,7 @@ Stage setup_generate(CLI::App& app) {
   static GenerateArgs a;
   sub->add_option("--model,-m", a.model_dir, "model folder (HF layout)")->required();
   sub->add_option("--data,-d", a.data,
-                  "prompts JSONL (TRL messages; a final assistant turn is the reference)")
+                  "prompts JSONL (TRL messages; a final assistant turn is the reference); - reads stdin")
       ->required();
   sub->add_option("--max-new-tokens", a.max_new_tokens, "generation budget per completion")
       ->capture_default_str();

@@ -1,15 +1,50 @@
 // mmpost entry point: registers the stage subcommands and maps exceptions to exit codes
 // (0 ok, 1 runtime failure, 2 bad usage or recipe, 3 bad data, 130/143 after SIGINT/SIGTERM).
 #include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <cstring>
 #include <iostream>
 
 #include "mmpost/cli_common.h"
 #include "mmpost/core/check.h"
+#include "mmpost_version.h"
+
+namespace {
+
+/// `mmpost --version`: version, commit, LibTorch version and what accelerators it sees.
+int print_version() {
+  std::cout << "mmpost " << MMPOST_VERSION << " (commit " << MMPOST_GIT_COMMIT << ")\n"
+            << "LibTorch " << TORCH_VERSION << ", CUDA "
+            << (torch::cuda::is_available()
+                    ? "available (" + std::to_string(torch::cuda::device_count()) + " device(s))"
+                    : std::string("not available"))
+            << "\n";
+  return 0;
+}
+
+/// Names an unknown subcommand in the error (CLI11 would only say "arguments were not expected").
+bool check_subcommand(CLI::App& app, int argc, char** argv) {
+  if (argc < 2 || argv[1][0] == '-') return true;
+  std::string valid;
+  for (auto* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+    if (sub->get_name() == argv[1]) return true;
+    if (!sub->get_group().empty()) valid += (valid.empty() ? "" : ", ") + sub->get_name();
+  }
+  std::cerr << "error: unknown subcommand \"" << argv[1] << "\"\n  valid subcommands: " << valid
+            << "\n  (mmpost --help lists them, mmpost SUBCOMMAND --help their flags)\n";
+  return false;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"mmpost: post-training for vision-language models"};
+  if (argc == 2 && std::strcmp(argv[1], "--version") == 0) return print_version();
+  CLI::App app{"mmpost: post-training for vision-language models (mmpost --version prints the "
+               "version)"};
   app.require_subcommand(1);
   mmpost::cli::register_subcommands(app);
+  if (!check_subcommand(app, argc, argv)) return 2;
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -24,6 +59,8 @@ int main(int argc, char** argv) {
       case mmpost::ErrorKind::kData: return 3;
       case mmpost::ErrorKind::kRuntime: return 1;
     }
+  } catch (const c10::Error& e) {
+    std::cerr << "error: " << e.what_without_backtrace() << "\n";
   } catch (const std::exception& e) {
     std::cerr << "error: " << e.what() << "\n";
   }

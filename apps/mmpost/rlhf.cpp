@@ -32,6 +32,7 @@
 #include "mmpost/train/checkpointing.h"
 #include "mmpost/train/evaluate.h"
 #include "mmpost/train/optimizer.h"
+#include "mmpost/train/run.h"
 
 namespace mmpost::cli {
 namespace fs = std::filesystem;
@@ -227,13 +228,6 @@ double grad_norm_of_module(torch::nn::Module& m) {
   return std::sqrt(sq);
 }
 
-/// Means of the logged quantities between two log lines.
-struct MetricWindow {
-  std::map<std::string, double> sum;
-  std::map<std::string, int64_t> n;
-  void add(const std::string& k, double v) { sum[k] += v, ++n[k]; }
-};
-
 double tensor_std(const Tensor& t) {
   return t.numel() > 1 ? t.to(torch::kFloat64).std().item<double>() : 0.0;
 }
@@ -242,12 +236,11 @@ double tensor_std(const Tensor& t) {
 
 /// Runs online RL for a validated recipe; returns the exit code (0, or 128 + signal).
 int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
-  // ---- setup -------------------------------------------------------------------------------
-  install_stop_handlers();
-  if (cfg.num_threads > 0) torch::set_num_threads(static_cast<int>(cfg.num_threads));
-  const torch::Device device = resolve_device(cfg.device);
-  const torch::Dtype dtype = resolve_dtype(cfg.dtype, device);
-  seed_everything(static_cast<uint64_t>(cfg.seed));
+  // ---- setup: lock OUTPUT, find the checkpoint to resume from, signals, device, seed --------
+  train::Run run("rlhf", cfg, allow_resume);
+  const torch::Device device = run.device();
+  const torch::Dtype dtype = run.dtype();
+  const auto& ckpt = run.checkpoint();
   const auto& rl = cfg.rlhf;
   const std::string algorithm = rl.algorithm;
   const bool ppo = algorithm == "ppo";
@@ -266,13 +259,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   pcfg.max_completion_length = rl.max_completion_length;
   algo::validate(pcfg);
   auto curriculum_cfg = data::parse_curriculum_config(rl.curriculum, "rlhf.curriculum");
-  const fs::path out = cfg.output_dir;
-  fs::create_directories(out);
-  const nlohmann::json recipe = config::to_json(cfg);
-  io::write_text_atomic(out / "recipe.json", recipe.dump(2) + "\n");
   log_info("rlhf: resolved recipe\n" + config::format_table(config::to_rows(cfg)));
-  std::optional<fs::path> ckpt;
-  if (allow_resume) ckpt = io::latest_complete_checkpoint(out);
 
   // ---- policy, reference, reward model, value head -------------------------------------------
   auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rlhf");
@@ -302,13 +289,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
         torch::nn::LinearOptions(model->config().text_config.hidden_size, 1).bias(true));
     torch::nn::init::normal_(value_head->weight, 0.0, 1e-3);
     torch::nn::init::zeros_(value_head->bias);
-    if (ckpt) {
-      auto extra = train::load_extra_tensors(*ckpt);
-      MMPOST_CHECK(extra.count("value_head.weight"), ckpt->string(), ": no value head");
-      torch::NoGradGuard ng;
-      value_head->weight.copy_(extra.at("value_head.weight"));
-      value_head->bias.copy_(extra.at("value_head.bias"));
-    }
+    if (ckpt) train::load_value_head(value_head, *ckpt);
     value_head->to(device, dtype);
   }
 
@@ -322,10 +303,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
                               static_cast<uint64_t>(cfg.seed));
   const int64_t B = cfg.train.batch_size;  // prompts per step
   const int64_t total_steps =
-      cfg.train.max_steps > 0
-          ? cfg.train.max_steps
-          : std::max<int64_t>(1, static_cast<int64_t>(std::ceil(
-                                     cfg.train.epochs * pool.records.size() / double(B))));
+      train::total_steps_of(cfg.train, static_cast<int64_t>(pool.records.size()), B);
   int64_t pass_index = 0;  // which reward decides pass/fail
   if (!rl.pass_reward.empty()) {
     auto it = std::find_if(specs.begin(), specs.end(),
@@ -339,41 +317,30 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
            std::to_string(G) + " completions per step, " + std::to_string(total_steps) +
            " steps; " + algorithm + ", loss " + rl.loss_type + ", beta " + fmt(rl.beta));
 
-  // ---- optimizer ---------------------------------------------------------------------------
-  auto named_items = model->named_parameters(/*recurse=*/true);
-  std::vector<std::pair<std::string, Tensor>> named;
-  std::vector<Tensor> trainable;
-  for (auto& item : named_items.items()) {
-    named.emplace_back(item.key(), item.value());
-    if (item.value().requires_grad()) trainable.push_back(item.value());
-  }
+  if (run.finished(total_steps)) return run.report_already_finished();
+
+  // ---- optimizer, checkpoints, resume ------------------------------------------------------
+  auto named = train::named_parameters_of(*model);
   if (ppo) {
     named.emplace_back("value_head.weight", value_head->weight);
     named.emplace_back("value_head.bias", value_head->bias);
-    trainable.push_back(value_head->weight);
-    trainable.push_back(value_head->bias);
   }
-  auto optimizer = train::make_adamw(
-      named, {cfg.optim.lr, cfg.optim.betas[0], cfg.optim.betas[1], cfg.optim.eps,
-              cfg.optim.weight_decay});
-
-  // ---- resume ------------------------------------------------------------------------------
-  train::TrainState state;
+  train::Optimizer optimizer(named, cfg.optim, cfg.scheduler, cfg.train.clip_grad_norm,
+                             total_steps);
+  train::Checkpointer checkpointer(cfg.output_dir, cfg.train.keep_last_n_checkpoints,
+                                   {.vlm = model, .value_head = value_head,
+                                    .tokenizer = sm.tokenizer.get(), .image = sm.image},
+                                   optimizer.adamw(), ckpt ? run.state.step : -1);
   if (ckpt) {
-    state = train::read_train_state(*ckpt);
-    train::load_optimizer_and_rng(*ckpt, *optimizer);
-    if (state.extra.contains("curriculum")) curriculum.load_state(state.extra["curriculum"]);
-    log_info("rlhf: resumed from " + ckpt->string() + " at step " + std::to_string(state.step));
+    train::load_optimizer_and_rng(*ckpt, optimizer.adamw());
+    if (run.state.extra.contains("curriculum")) curriculum.load_state(run.state.extra["curriculum"]);
   }
-  auto save = [&]() {
-    state.extra["curriculum"] = curriculum.state();
-    std::map<std::string, Tensor> extra;
-    if (ppo) extra = {{"value_head.weight", value_head->weight}, {"value_head.bias", value_head->bias}};
-    auto dir = train::save_checkpoint(out, state, model, sm.tokenizer_path, sm.image, *optimizer,
-                                      recipe, cfg.train.keep_last_n_checkpoints, &tokenizer, extra);
-    log_info("rlhf: checkpoint " + dir.string());
+  const nlohmann::json recipe = config::to_json(cfg);
+  auto save = [&] {
+    run.state.extra["curriculum"] = curriculum.state();
+    run.state.n_skipped = pool.n_skipped;
+    log_info("rlhf: checkpoint " + checkpointer.save(run.state, recipe).string());
   };
-  io::JsonlWriter metrics(out / "metrics.jsonl");
   auto run_eval = [&]() {
     if (cfg.data.eval.empty()) return;
     train::ExactMatchOptions eo;
@@ -385,15 +352,14 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     eo.rewards = specs;
     data::SampleContext ectx = ctx;
     auto r = train::evaluate_exact_match(model, ectx, cfg.data.eval, eo, device, dtype, nullptr);
-    nlohmann::json m = {{"step", state.step}, {"eval/accuracy", r.accuracy}, {"eval/n", r.n}};
-    std::string line = "rlhf: eval step " + std::to_string(state.step) + " (greedy, " +
+    nlohmann::json m = {{"eval/accuracy", r.accuracy}, {"eval/n", r.n}};
+    std::string line = "rlhf: eval step " + std::to_string(run.state.step) + " (greedy, " +
                        std::to_string(r.n) + " prompts) exact match " + fmt(r.accuracy);
     for (const auto& [name, mean] : r.reward_means) {
       m["eval/rewards/" + name] = mean;
       line += " " + name + " " + fmt(mean);
     }
-    metrics.write(m);
-    log_info(line);
+    run.log_eval(m, line);
   };
   model::GenerationConfig gen;
   gen.max_new_tokens = rl.max_completion_length;
@@ -411,9 +377,9 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   }
 
   // ---- loop --------------------------------------------------------------------------------
-  Progress progress("rlhf", total_steps);
-  progress.update(state.step);
-  MetricWindow window;
+  run.start(total_steps, recipe);
+  auto& state = run.state;
+  train::MetricWindow window;
   auto t_last = std::chrono::steady_clock::now();
   while (state.step < total_steps) {
     // -- rollout: prompts -> G completions each, with log-probs (no grad) --
@@ -573,9 +539,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     // -- update: num_iterations passes of the clipped surrogate over the rollout --
     auto t1 = std::chrono::steady_clock::now();
     double grad_norm = 0, update_tokens = 0;
-    const double lr = cfg.optim.lr * train::lr_multiplier(cfg.scheduler.name, state.step,
-                                                           cfg.scheduler.warmup_steps, total_steps,
-                                                           cfg.scheduler.min_lr_ratio);
+    const double lr = optimizer.lr_at(state.step);
     if (r.P == 0 || r.mask.sum().item<double>() == 0) {
       log_warn("rlhf: step " + std::to_string(state.step + 1) +
                ": no completion token carries a gradient (all groups filtered or masked)");
@@ -583,7 +547,8 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
       const int64_t n_micro = std::min<int64_t>(cfg.train.gradient_accumulation_steps, r.P);
       const double n_loss_tokens = r.mask.sum().item<double>() / n_micro;
       for (int64_t it = 0; it < rl.num_iterations; ++it) {
-        optimizer->zero_grad();
+        optimizer.zero_grad();
+        double iteration_loss = 0;
         for (int64_t k = 0; k < n_micro; ++k) {
           const int64_t p0 = r.P * k / n_micro, p1 = r.P * (k + 1) / n_micro;
           const int64_t rows0 = p0 * G, rows = (p1 - p0) * G;
@@ -616,7 +581,9 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
             window.add("value_clipfrac", clipfrac.item<double>());
           }
           (loss / static_cast<double>(n_micro)).backward();
-          window.add("loss", loss.item<double>());
+          const double loss_value = loss.item<double>();
+          iteration_loss += loss_value / static_cast<double>(n_micro);
+          window.add("loss", loss_value);
           if (po.clip_ratio_low.defined()) window.add("clip_ratio/low_mean", po.clip_ratio_low.item<double>());
           if (po.clip_ratio_high.defined()) window.add("clip_ratio/high_mean", po.clip_ratio_high.item<double>());
           if (po.clip_ratio_region.defined()) window.add("clip_ratio/region_mean", po.clip_ratio_region.item<double>());
@@ -629,12 +596,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
         window.add("grad_norm/vision_tower", grad_norm_of_module(*model->vision_tower));
         window.add("grad_norm/projector", grad_norm_of_module(*model->multi_modal_projector));
         window.add("grad_norm/language_model", grad_norm_of_module(*model->language_model));
-        grad_norm = train::clip_grad_norm(trainable, cfg.train.clip_grad_norm);
-        MMPOST_CHECK(std::isfinite(grad_norm), "step ", state.step + 1, ": gradient norm is ",
-                     grad_norm, "; stopping before the update so the last checkpoint stays valid",
-                     "\n  hint: lower optim.lr or use dtype float32");
-        train::set_lr(*optimizer, lr);
-        optimizer->step();
+        grad_norm = optimizer.step(state.step, iteration_loss).grad_norm;
         window.add("grad_norm", grad_norm);
       }
     }
@@ -646,8 +608,8 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
 
     if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
       auto now = std::chrono::steady_clock::now();
-      nlohmann::json m = {{"step", state.step}, {"lr", lr}};
-      for (const auto& [k, v] : window.sum) m[k] = v / window.n[k];
+      auto m = window.flush("prompts");
+      m["lr"] = lr;
       m["curriculum/stage"] = curriculum.current_stage();
       for (const auto& [d, rate] : curriculum.pass_rates()) {
         m["curriculum/pass_rate/" + std::to_string(d)] = rate;
@@ -655,49 +617,30 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
       m["skipped"] = pool.n_skipped;
       m["step_time_s"] = std::chrono::duration<double>(now - t_last).count() /
                          std::max<int64_t>(1, cfg.train.log_every_n_steps);
-      metrics.write(m);
-      progress.clear();
-      auto get = [&](const char* k) { return m.contains(k) ? fmt(m[k].get<double>(), 3) : "-"; };
-      std::string rew;
-      for (const auto& name : scores.names) rew += " " + name + " " + get(("rewards/" + name + "/mean").c_str());
-      log_info("step " + std::to_string(state.step) + "/" + std::to_string(total_steps) +
-               " reward " + get("reward") + rew + " pass " + get("pass_rate") + " zero_std " +
-               get("frac_reward_zero_std") + " kl " + get("kl") + " entropy " + get("entropy") +
-               " len " + get("completions/mean_length") + " clip " + get("clip_ratio/region_mean") +
-               " grad_norm " + fmt(grad_norm, 3) + " lr " + fmt(lr, 3) +
-               (stderr_is_tty() ? "" : " eta " + format_duration(progress.eta_s())));
-      window = MetricWindow{};
+      std::vector<std::string> shown = {"reward"};
+      for (const auto& name : scores.names) shown.push_back("rewards/" + name + "/mean");
+      for (const char* k : {"pass_rate", "frac_reward_zero_std", "kl", "entropy",
+                            "completions/mean_length", "clip_ratio/region_mean"}) {
+        shown.push_back(k);
+      }
+      run.log_step(m, shown);
       t_last = now;
     }
-    progress.update(state.step);
-    if (cfg.train.eval_every_n_steps > 0 && state.step % cfg.train.eval_every_n_steps == 0 &&
-        state.step < total_steps) {
-      run_eval();
-    }
-    if (cfg.train.save_every_n_steps > 0 && state.step % cfg.train.save_every_n_steps == 0 &&
-        state.step < total_steps) {
+    run.progress();
+    if (run.due(cfg.train.eval_every_n_steps)) run_eval();
+    if (run.due(cfg.train.save_every_n_steps)) save();
+    if (int sig = run.stop_requested()) {
       save();
-    }
-    if (int sig = stop_requested()) {
-      progress.finish();
-      log_warn("rlhf: signal " + std::to_string(sig) + " received; saving a checkpoint");
-      save();
-      return 128 + sig;
+      return run.stopped(sig);
     }
   }
-  progress.finish();
 
   // ---- final save --------------------------------------------------------------------------
   save();
-  io::save_pretrained(out, model, sm.tokenizer_path, sm.image, torch::kFloat32, int64_t{5} << 30,
-                      &tokenizer);
-  if (ppo) {
-    io::save_safetensors(out / "value_head.safetensors",
-                         {{"weight", value_head->weight}, {"bias", value_head->bias}});
-  }
-  log_info("rlhf: final model written to " + out.string());
+  checkpointer.export_final();
+  log_info("rlhf: final model written to " + cfg.output_dir);
   run_eval();
-  return 0;
+  return run.completed();
 }
 
 Stage setup_rlhf(CLI::App& app) {

@@ -38,6 +38,19 @@ int64_t count_params(const model::Vlm& m, bool trainable_only) {
   return n;
 }
 
+data::LoaderOptions train_loader_options(const config::CommonConfig& cfg) {
+  data::LoaderOptions lo;
+  lo.path = cfg.data.train;
+  lo.batch_size = cfg.train.batch_size;
+  lo.num_workers = cfg.data.num_workers;
+  lo.shuffle_buffer = cfg.data.shuffle_buffer;
+  lo.prefetch = cfg.data.prefetch;
+  lo.seed = static_cast<uint64_t>(cfg.seed);
+  lo.skip_bad = cfg.data.on_bad_sample == "skip";
+  lo.repeat = true;
+  return lo;
+}
+
 int64_t pad_id_of(const data::Tokenizer& tok) {
   return tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "mmpost/config/recipe.h"
+#include "mmpost/data/loader.h"
 #include "mmpost/data/sft_dataset.h"
 #include "mmpost/data/tokenizer.h"
 #include "mmpost/model/vlm.h"
@@ -43,6 +44,10 @@ int64_t count_params(const model::Vlm& m, bool trainable_only);
 /// Sample context for `path` (images resolve relative to its folder) from a loaded model.
 data::SampleContext make_sample_context(const StageModel& sm, const config::DataSection& data,
                                         const std::string& path);
+
+/// Loader options for the training stream of a recipe: data.train, train.batch_size, the data
+/// section's workers, shuffle buffer and prefetch, the seed, on_bad_sample, endless repetition.
+data::LoaderOptions train_loader_options(const config::CommonConfig& cfg);
 
 /// Pad id for collation: the tokenizer's pad, else EOS.
 int64_t pad_id_of(const data::Tokenizer& tok);

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "catch.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -15,8 +16,7 @@ TEST_CASE("checkpoint saved by mmpost sft loads in transformers with the same lo
   const fs::path root = MMPOST_SOURCE_DIR;
   const fs::path python = root / ".venv" / "bin" / "python";
   if (std::system((python.string() + " -c 'import transformers' > /dev/null 2>&1").c_str()) != 0) {
-    WARN("skipped: " << python << " cannot import transformers (run scripts/setup.sh)");
-    return;
+    MMPOST_SKIP(python.string() + " cannot import transformers (run scripts/setup.sh)");
   }
   const fs::path wd = fs::temp_directory_path() / ("mmpost_rt_" + std::to_string(::getpid()));
   const fs::path log = fs::temp_directory_path() / ("mmpost_rt_" + std::to_string(::getpid()) + ".log");

@@ -16,14 +16,9 @@ void check_one_of(const std::string& path, const std::string& value,
 }
 
 
-/// Rules shared by every training stage's recipe.
-template <class Config>
-void validate_common(const Config& c) {
-  const auto& model = c.model;
-  const auto& data = c.data;
-  const auto& optim = c.optim;
-  const auto& scheduler = c.scheduler;
-  const auto& train = c.train;
+}  // namespace
+
+void CommonConfig::validate_common() const {
   MMPOST_CHECK_USAGE(!model.path.empty() || model.config.is_object(),
                      "model: set model.path (an HF-layout folder) or model.config (an inline HF "
                      "LlavaConfig for random init)");
@@ -71,9 +66,11 @@ void validate_common(const Config& c) {
   MMPOST_CHECK_USAGE(train.eval_every_n_steps >= 0, "train.eval_every_n_steps: must be >= 0");
   MMPOST_CHECK_USAGE(train.keep_last_n_checkpoints >= 1,
                      "train.keep_last_n_checkpoints: must be >= 1");
-  MMPOST_CHECK_USAGE(c.num_threads >= 0, "num_threads: must be >= 0");
-  check_one_of("dtype", c.dtype, {"auto", "float32", "bfloat16"});
+  MMPOST_CHECK_USAGE(num_threads >= 0, "num_threads: must be >= 0");
+  check_one_of("dtype", dtype, {"auto", "float32", "bfloat16"});
 }
+
+namespace {
 
 template <class Config>
 Config load_config(const std::string& recipe_path, const std::vector<std::string>& sets) {
@@ -93,14 +90,14 @@ Config load_config(const std::string& recipe_path, const std::vector<std::string
 }
 }  // namespace
 
-void SftConfig::validate() const { validate_common(*this); }
+void SftConfig::validate() const { validate_common(); }
 
 SftConfig load_sft_config(const std::string& recipe_path, const std::vector<std::string>& sets) {
   return load_config<SftConfig>(recipe_path, sets);
 }
 
 void DpoConfig::validate() const {
-  validate_common(*this);
+  validate_common();
   MMPOST_CHECK_USAGE(dpo.beta > 0, "dpo.beta: must be > 0");
   MMPOST_CHECK_USAGE(!dpo.loss_type.empty(), "dpo.loss_type: at least one loss type");
   MMPOST_CHECK_USAGE(dpo.loss_weights.empty() || dpo.loss_weights.size() == dpo.loss_type.size(),
@@ -125,7 +122,7 @@ DpoConfig load_dpo_config(const std::string& recipe_path, const std::vector<std:
 }
 
 void RmConfig::validate() const {
-  validate_common(*this);
+  validate_common();
   MMPOST_CHECK_USAGE(rm.center_rewards_coefficient >= 0,
                      "rm.center_rewards_coefficient: must be >= 0");
   MMPOST_CHECK_USAGE(rm.max_prompt_length >= 0 && rm.max_completion_length >= 0,
@@ -137,7 +134,7 @@ RmConfig load_rm_config(const std::string& recipe_path, const std::vector<std::s
 }
 
 void RlhfConfig::validate() const {
-  validate_common(*this);
+  validate_common();
   check_one_of("rlhf.algorithm", rlhf.algorithm,
                {"grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo"});
   check_one_of("rlhf.scale_rewards", rlhf.scale_rewards, {"group", "batch", "none"});

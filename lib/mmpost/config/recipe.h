@@ -50,7 +50,6 @@ struct DataSection {
   std::string train;                      // JSONL (TRL conversational form)
   std::string eval;                       // JSONL for periodic evaluation (optional)
   std::string chat_template = "llava";    // llava (USER: ... ASSISTANT: ...</s>)
-  std::string system_prompt;              // prepended as a system turn when non-empty
   int64_t max_length = 512;               // tokens after image expansion
   std::string on_bad_sample = "error";    // error | skip
   int64_t num_workers = 2;                // preprocessing threads
@@ -62,7 +61,6 @@ struct DataSection {
     v("train", train, "training JSONL");
     v("eval", eval, "evaluation JSONL (optional)");
     v("chat_template", chat_template, "prompt format: llava");
-    v("system_prompt", system_prompt, "optional system turn");
     v("max_length", max_length, "max tokens per sample (image tokens included)");
     v("on_bad_sample", on_bad_sample, "error | skip (skips are counted and reported)");
     v("num_workers", num_workers, "preprocessing threads");
@@ -127,9 +125,10 @@ struct TrainSection {
   }
 };
 
-/// `mmpost sft` recipe.
-struct SftConfig {
-  std::string output_dir = "runs/sft";
+/// The fields every training stage's recipe shares (sft, dpo, rm, rlhf): one place for their
+/// defaults, descriptions and validation (validate_common).
+struct CommonConfig {
+  std::string output_dir;        // set by each stage's constructor (runs/<stage>)
   int64_t seed = 42;
   std::string device = "auto";   // auto | cpu | cuda | cuda:N
   std::string dtype = "float32"; // float32 | bfloat16
@@ -140,18 +139,27 @@ struct SftConfig {
   SchedulerSection scheduler;
   TrainSection train;
   template <class V>
-  void visit(V& v) {
+  void visit_common(V& v) {
     v("output_dir", output_dir, "where checkpoints, metrics and the final model go");
-    v("seed", seed, "seed for init, shuffling and dropout");
+    v("seed", seed, "seed for init, shuffling, sampling and augmentation");
     v("device", device, "auto | cpu | cuda | cuda:N");
     v("dtype", dtype, "float32 | bfloat16 (parameters and compute)");
     v("num_threads", num_threads, "CPU threads for torch (0: default)");
-    v("model", model, "model source");
+    v("model", model, "model source (a folder, or an inline config for random init)");
     v("data", data, "data and preprocessing");
     v("optim", optim, "AdamW");
     v("scheduler", scheduler, "learning-rate schedule");
-    v("train", train, "loop");
+    v("train", train, "loop sizes, logging, evaluation and checkpoints");
   }
+  /// The rules every stage shares; throws Error(kUsage) naming the field.
+  void validate_common() const;
+};
+
+/// `mmpost sft` recipe.
+struct SftConfig : CommonConfig {
+  SftConfig() { output_dir = "runs/sft"; }
+  template <class V>
+  void visit(V& v) { visit_common(v); }
   /// Cross-field rules; throws Error(kUsage) naming the fields.
   void validate() const;
 };
@@ -223,30 +231,12 @@ struct DpoSection {
 };
 
 /// `mmpost dpo` recipe: the SFT sections plus `dpo`. data.train / data.eval are preference JSONL.
-struct DpoConfig {
-  std::string output_dir = "runs/dpo";
-  int64_t seed = 42;
-  std::string device = "auto";
-  std::string dtype = "float32";
-  int64_t num_threads = 0;
-  ModelSection model;
-  DataSection data;
-  OptimSection optim;
-  SchedulerSection scheduler;
-  TrainSection train;
+struct DpoConfig : CommonConfig {
+  DpoConfig() { output_dir = "runs/dpo"; }
   DpoSection dpo;
   template <class V>
   void visit(V& v) {
-    v("output_dir", output_dir, "where checkpoints, metrics and the final model go");
-    v("seed", seed, "seed for shuffling and mDPO corruption");
-    v("device", device, "auto | cpu | cuda | cuda:N");
-    v("dtype", dtype, "float32 | bfloat16 (policy parameters and compute)");
-    v("num_threads", num_threads, "CPU threads for torch (0: default)");
-    v("model", model, "starting policy (an SFT output folder or any supported checkpoint)");
-    v("data", data, "preference data (TRL preference JSONL) and preprocessing");
-    v("optim", optim, "AdamW");
-    v("scheduler", scheduler, "learning-rate schedule");
-    v("train", train, "loop");
+    visit_common(v);
     v("dpo", dpo, "preference loss and reference model");
   }
   /// Cross-field rules; throws Error(kUsage) naming the fields.
@@ -272,30 +262,12 @@ struct RmSection {
 };
 
 /// `mmpost rm` recipe: the SFT sections plus `rm`. data.train / data.eval are preference JSONL.
-struct RmConfig {
-  std::string output_dir = "runs/rm";
-  int64_t seed = 42;
-  std::string device = "auto";
-  std::string dtype = "float32";
-  int64_t num_threads = 0;
-  ModelSection model;
-  DataSection data;
-  OptimSection optim;
-  SchedulerSection scheduler;
-  TrainSection train;
+struct RmConfig : CommonConfig {
+  RmConfig() { output_dir = "runs/rm"; }
   RmSection rm;
   template <class V>
   void visit(V& v) {
-    v("output_dir", output_dir, "where checkpoints, metrics and the final reward model go");
-    v("seed", seed, "seed for the score head init and shuffling");
-    v("device", device, "auto | cpu | cuda | cuda:N");
-    v("dtype", dtype, "float32 | bfloat16 (parameters and compute)");
-    v("num_threads", num_threads, "CPU threads for torch (0: default)");
-    v("model", model, "starting model (an SFT output folder, or a reward model to continue)");
-    v("data", data, "preference data (TRL preference JSONL, optional \"margin\") and preprocessing");
-    v("optim", optim, "AdamW");
-    v("scheduler", scheduler, "learning-rate schedule");
-    v("train", train, "loop");
+    visit_common(v);
     v("rm", rm, "reward-model loss and lengths");
   }
   /// Cross-field rules; throws Error(kUsage) naming the fields.
@@ -378,30 +350,12 @@ struct RlhfSection {
 /// `mmpost rlhf` recipe: the SFT sections plus `rlhf`. data.train / data.eval are prompt JSONL
 /// (TRL conversational; the final assistant turn or an "answer" field is the reference).
 /// train.batch_size counts prompts per step (each sampled num_generations times).
-struct RlhfConfig {
-  std::string output_dir = "runs/rlhf";
-  int64_t seed = 42;
-  std::string device = "auto";
-  std::string dtype = "float32";
-  int64_t num_threads = 0;
-  ModelSection model;
-  DataSection data;
-  OptimSection optim;
-  SchedulerSection scheduler;
-  TrainSection train;
+struct RlhfConfig : CommonConfig {
+  RlhfConfig() { output_dir = "runs/rlhf"; }
   RlhfSection rlhf;
   template <class V>
   void visit(V& v) {
-    v("output_dir", output_dir, "where checkpoints, metrics and the final model go");
-    v("seed", seed, "seed for sampling and prompt order");
-    v("device", device, "auto | cpu | cuda | cuda:N");
-    v("dtype", dtype, "float32 | bfloat16 (policy parameters and compute)");
-    v("num_threads", num_threads, "CPU threads for torch (0: default)");
-    v("model", model, "starting policy (an SFT output folder or any supported checkpoint)");
-    v("data", data, "prompt data and preprocessing");
-    v("optim", optim, "AdamW");
-    v("scheduler", scheduler, "learning-rate schedule");
-    v("train", train, "loop (batch_size = prompts per step)");
+    visit_common(v);
     v("rlhf", rlhf, "rollouts, rewards, advantages and the policy loss");
   }
   /// Cross-field rules; throws Error(kUsage) naming the fields.

@@ -154,12 +154,20 @@ void apply_override(nlohmann::json& j, const std::string& assignment) {
   (*node)[parts.back()] = value;
 }
 
-std::string format_table(const std::vector<TableWriter::Row>& rows) {
-  size_t w = 0;
+std::string format_table(const std::vector<TableWriter::Row>& rows, bool with_docs) {
+  size_t w = 0, wv = 0;
   for (const auto& r : rows) w = std::max(w, r.path.size());
+  for (const auto& r : rows) wv = std::max(wv, std::min<size_t>(r.value.size(), 28));
   std::ostringstream os;
   for (const auto& r : rows) {
-    os << "  " << r.path << std::string(w - r.path.size() + 2, ' ') << r.value << "\n";
+    os << "  " << r.path << std::string(w - r.path.size() + 2, ' ') << r.value;
+    if (with_docs && !r.doc.empty()) {
+      // Long values (inline configs) push their description onto the next line.
+      if (r.value.size() > wv) os << "\n  " << std::string(w + 2, ' ') << std::string(wv, ' ');
+      else os << std::string(wv - r.value.size(), ' ');
+      os << "  # " << r.doc;
+    }
+    os << "\n";
   }
   return os.str();
 }

@@ -148,7 +148,7 @@ nlohmann::json read_json_file(const std::string& path);
 /// objects are created; the strict reader later rejects unknown paths. Throws on a missing '='.
 void apply_override(nlohmann::json& j, const std::string& assignment);
 
-/// Formats rows as an aligned two-column table (path, value).
-std::string format_table(const std::vector<TableWriter::Row>& rows);
+/// Formats rows as an aligned table: path, value and, with `with_docs`, "# description".
+std::string format_table(const std::vector<TableWriter::Row>& rows, bool with_docs = false);
 
 }  // namespace mmpost::config

@@ -1,6 +1,7 @@
 // Logging and progress display (see log.h).
 #include "mmpost/core/log.h"
 
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -64,25 +65,45 @@ double Progress::elapsed_s() const {
 }
 
 double Progress::eta_s() const {
-  if (done_ <= 0 || total_ <= 0) return 0.0;
-  return elapsed_s() / static_cast<double>(done_) * static_cast<double>(total_ - done_);
+  const int64_t done_here = done_ - base_;  // work done by this process (not a resumed prefix)
+  if (done_here <= 0 || total_ <= 0) return 0.0;
+  return elapsed_s() / static_cast<double>(done_here) * static_cast<double>(total_ - done_);
+}
+
+static int terminal_width() {
+  struct winsize ws {};
+  if (::ioctl(STDERR_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  return 80;
 }
 
 void Progress::update(int64_t done, const std::string& status) {
+  if (base_ < 0) {
+    base_ = done;
+    start_ = std::chrono::steady_clock::now();
+  }
   done_ = done;
   if (!tty_) return;
   auto now = std::chrono::steady_clock::now();
   if (done < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
   last_draw_ = now;
-  constexpr int kWidth = 30;
-  double frac = total_ > 0 ? std::min(1.0, static_cast<double>(done) / total_) : 0.0;
-  int filled = static_cast<int>(frac * kWidth);
-  std::string bar(filled, '#');
-  bar += std::string(kWidth - filled, '.');
+  // "label [####....] 12/100 elapsed 3.1s eta 20.5s  status", cut to the terminal width so the
+  // line never wraps (a wrapped line cannot be redrawn with \r).
+  const std::string counts = " " + std::to_string(done) + "/" + std::to_string(total_) +
+                             " elapsed " + format_duration(elapsed_s()) + " eta " +
+                             format_duration(eta_s()) + (status.empty() ? "" : "  " + status);
+  const int width = terminal_width() - 1;
+  const int room = width - static_cast<int>(label_.size() + counts.size()) - 3;
+  const int bar_width = std::min(30, room);
+  std::string line = label_;
+  if (bar_width >= 5) {
+    double frac = total_ > 0 ? std::min(1.0, static_cast<double>(done) / total_) : 0.0;
+    int filled = static_cast<int>(frac * bar_width);
+    line += " [" + std::string(filled, '#') + std::string(bar_width - filled, '.') + "]";
+  }
+  line += counts;
+  if (static_cast<int>(line.size()) > width) line.resize(std::max(0, width));
   std::lock_guard<std::mutex> lock(g_log_mutex);
-  std::cerr << "\r\033[2K" << label_ << " [" << bar << "] " << done << "/" << total_
-            << " elapsed " << format_duration(elapsed_s()) << " eta " << format_duration(eta_s())
-            << (status.empty() ? "" : "  ") << status << std::flush;
+  std::cerr << "\r\033[2K" << line << std::flush;
   drawn_ = true;
   g_active_bar = this;
 }

@@ -17,7 +17,8 @@ void set_log_rank(int rank);
 /// True when stderr is a terminal (progress bars are drawn only then).
 bool stderr_is_tty();
 
-/// Progress over `total` units of work. On a TTY redraws one line with a bar, rate and ETA;
+/// Progress over `total` units of work. On a TTY redraws one line with a bar, rate and ETA, cut to
+/// the terminal width (80 when unknown);
 /// otherwise prints nothing itself (the caller's periodic log lines are the batch-job progress).
 class Progress {
  public:
@@ -31,15 +32,17 @@ class Progress {
   void clear();
   /// Finishes the bar (prints a final newline on a TTY).
   void finish();
-  /// Seconds since construction.
+  /// Seconds since the first update().
   double elapsed_s() const;
-  /// Estimated seconds left from the average rate so far (0 when unknown).
+  /// Estimated seconds left from this process's average rate (0 when unknown): steps before the
+  /// first update() (a resumed prefix) count neither as work done nor as time spent.
   double eta_s() const;
 
  private:
   std::string label_;
   int64_t total_;
   int64_t done_ = 0;
+  int64_t base_ = -1;  // position at the first update (a resumed run's start)
   bool tty_;
   bool drawn_ = false;
   std::chrono::steady_clock::time_point start_;

@@ -4,6 +4,8 @@
 #include <sentencepiece_processor.h>
 
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 
 #include "mmpost/core/check.h"
 
@@ -13,7 +15,12 @@ Tokenizer::Tokenizer(const std::string& model_path)
     : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), path_(model_path) {
   MMPOST_CHECK_USAGE(std::filesystem::is_regular_file(model_path), model_path,
                      ": tokenizer model not found");
-  auto status = sp_->Load(model_path);
+  {
+    std::ifstream in(model_path, std::ios::binary);
+    MMPOST_CHECK_USAGE(in.good(), model_path, ": cannot read tokenizer model");
+    model_bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto status = sp_->LoadFromSerializedProto(model_bytes_);
   MMPOST_CHECK_USAGE(status.ok(), model_path, ": cannot load sentencepiece model: ",
                      status.ToString());
   bos_id_ = sp_->bos_id();

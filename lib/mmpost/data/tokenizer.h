@@ -53,12 +53,16 @@ class Tokenizer {
   /// Overrides the pad id (HF checkpoints often define <pad> as an added token).
   void set_pad_id(int64_t id) { pad_id_ = id; }
   const std::string& path() const { return path_; }
+  /// The tokenizer.model bytes as loaded. Model folders are written from these, never re-read
+  /// from path(): a run's checkpoints are pruned, and the file it came from may be gone.
+  const std::string& model_bytes() const { return model_bytes_; }
 
  private:
   std::vector<int64_t> encode_plain(const std::string& text, bool add_dummy_prefix) const;
 
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::string path_;
+  std::string model_bytes_;
   std::map<std::string, int64_t> specials_;  // text -> id
   std::map<int64_t, std::string> special_text_;
   int64_t bos_id_ = 1, eos_id_ = 2, pad_id_ = -1, unk_id_ = 0;

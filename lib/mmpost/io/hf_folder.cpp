@@ -132,11 +132,14 @@ void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tok
   write_text_atomic(dir / "config.json", cfg.dump(2) + "\n");
   save_safetensors_sharded(dir, tensors, max_shard_bytes);
   const auto& tc = model->config().text_config;
-  if (!tokenizer_path.empty()) {
-    std::ifstream in(tokenizer_path, std::ios::binary);
-    MMPOST_CHECK(in.good(), tokenizer_path.string(), ": cannot read tokenizer");
-    std::string bytes_tok((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (fs::absolute(tokenizer_path) != fs::absolute(dir / "tokenizer.model")) {
+  if (tokenizer != nullptr || !tokenizer_path.empty()) {
+    if (tokenizer != nullptr) {  // the bytes in memory: the file it came from may be pruned
+      write_text_atomic(dir / "tokenizer.model", tokenizer->model_bytes());
+    } else if (fs::absolute(tokenizer_path) != fs::absolute(dir / "tokenizer.model")) {
+      std::ifstream in(tokenizer_path, std::ios::binary);
+      MMPOST_CHECK(in.good(), tokenizer_path.string(), ": cannot read tokenizer");
+      std::string bytes_tok((std::istreambuf_iterator<char>(in)),
+                            std::istreambuf_iterator<char>());
       write_text_atomic(dir / "tokenizer.model", bytes_tok);
     }
     nlohmann::json special = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}};

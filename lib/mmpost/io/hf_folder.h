@@ -36,8 +36,8 @@ Pretrained load_pretrained(const std::filesystem::path& dir);
 void add_hf_added_tokens(data::Tokenizer& tok, const std::filesystem::path& dir);
 
 /// Writes a model folder (atomic files): config.json, model.safetensors (float32 unless
-/// `save_dtype` says otherwise; sharded above max_shard_bytes), tokenizer.model copied from
-/// `tokenizer_path`, tokenizer_config.json, special_tokens_map.json, preprocessor_config.json.
+/// `save_dtype` says otherwise; sharded above max_shard_bytes), tokenizer.model (from
+/// `tokenizer`'s bytes in memory when given, else copied from `tokenizer_path`), tokenizer_config.json, special_tokens_map.json, preprocessor_config.json.
 /// `tokenizer` (optional) adds its added tokens (ids beyond the sentencepiece model, e.g.
 /// <image>) to tokenizer_config.json's added_tokens_decoder so transformers restores them.
 void save_pretrained(const std::filesystem::path& dir, model::Vlm& model,

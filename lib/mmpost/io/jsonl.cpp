@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <iostream>
 
 #include "mmpost/core/check.h"
 
@@ -14,8 +15,25 @@ namespace mmpost::io {
 
 namespace fs = std::filesystem;
 
+namespace {
+fs::path& stdin_spool() {
+  static fs::path p;
+  return p;
+}
+}  // namespace
+
+void set_stdin_spool(const fs::path& file) { stdin_spool() = file; }
+
+std::string display_name(const fs::path& path) {
+  return !stdin_spool().empty() && path == stdin_spool() ? "<stdin>" : path.string();
+}
+
+fs::path relative_base(const fs::path& path) {
+  return !stdin_spool().empty() && path == stdin_spool() ? fs::path() : path.parent_path();
+}
+
 std::string location(const fs::path& path, int64_t line) {
-  return path.string() + ":" + std::to_string(line);
+  return display_name(path) + ":" + std::to_string(line);
 }
 
 JsonlReader::JsonlReader(const fs::path& path) : path_(path) {
@@ -55,6 +73,12 @@ bool JsonlReader::next(JsonlRecord& out) {
 }
 
 JsonlWriter::JsonlWriter(const fs::path& path, Mode mode) : path_(path) {
+  if (path == "-") {  // standard output, sharing its offset with std::cout
+    std::cout.flush();
+    fd_ = ::dup(STDOUT_FILENO);
+    MMPOST_CHECK(fd_ >= 0, "stdout: cannot write: ", std::strerror(errno));
+    return;
+  }
   int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (mode == Mode::kAppend ? O_APPEND : O_TRUNC);
   fd_ = ::open(path.c_str(), flags, 0644);
   MMPOST_CHECK(fd_ >= 0, path.string(), ": cannot open for writing: ", std::strerror(errno));

@@ -11,8 +11,18 @@
 
 namespace mmpost::io {
 
-/// "path:line", the prefix of every data error message (e.g. "data/train.jsonl:143").
+/// "path:line", the prefix of every data error message (e.g. "data/train.jsonl:143"); the file
+/// registered with set_stdin_spool reads "<stdin>:143".
 std::string location(const std::filesystem::path& path, int64_t line);
+
+/// Registers `file` as standard input copied to disk by the CLI (`--data -`): errors name it
+/// "<stdin>" and relative paths inside it (images) resolve against the current folder.
+void set_stdin_spool(const std::filesystem::path& file);
+/// The name errors use for `path`: "<stdin>" for the spool, else the path itself.
+std::string display_name(const std::filesystem::path& path);
+/// The folder relative paths inside the JSONL `path` resolve against: its parent folder, or the
+/// current folder for the stdin spool.
+std::filesystem::path relative_base(const std::filesystem::path& path);
 
 /// One non-blank line of a JSONL file.
 struct JsonlRecord {
@@ -45,7 +55,7 @@ class JsonlReader {
 class JsonlWriter {
  public:
   enum class Mode { kAppend, kTruncate };
-  /// Opens or creates `path`. Throws mmpost::Error (kRuntime) naming the file on failure.
+  /// Opens or creates `path` ("-": standard output). Throws mmpost::Error (kRuntime) naming the file on failure.
   explicit JsonlWriter(const std::filesystem::path& path, Mode mode = Mode::kAppend);
   ~JsonlWriter();
   JsonlWriter(const JsonlWriter&) = delete;

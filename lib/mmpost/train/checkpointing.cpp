@@ -1,9 +1,15 @@
 // Training checkpoint save/restore (see checkpointing.h).
 #include "mmpost/train/checkpointing.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <fstream>
+#include <sstream>
 
 #include "mmpost/core/check.h"
+#include "mmpost/core/log.h"
+#include "mmpost/io/atomic_file.h"
 #include "mmpost/io/checkpoint.h"
 #include "mmpost/io/hf_folder.h"
 #include "mmpost/io/safetensors.h"
@@ -11,35 +17,139 @@
 namespace mmpost::train {
 namespace fs = std::filesystem;
 
-fs::path save_checkpoint(const fs::path& output_dir, const TrainState& state, model::Vlm& model,
-                         const fs::path& tokenizer_path, const data::ImageProcessorConfig& image,
-                         torch::optim::Optimizer& optimizer, const nlohmann::json& recipe,
-                         int64_t keep_last, const data::Tokenizer* tokenizer,
-                                      const std::map<std::string, torch::Tensor>& extra_tensors) {
-  fs::path dir = io::step_dir(output_dir, state.step);
-  if (fs::exists(dir)) fs::remove_all(dir);  // a stale, incomplete folder from a crash
-  io::save_pretrained(dir, model, tokenizer_path, image, torch::kFloat32, int64_t{5} << 30,
-                      tokenizer);
-  try {
-    torch::save(optimizer, (dir / "optimizer.pt").string());
-    torch::save(at::detail::getDefaultCPUGenerator().get_state(), (dir / "rng.pt").string());
-  } catch (const c10::Error& e) {
-    throw Error(ErrorKind::kRuntime, dir.string() + ": cannot write optimizer/RNG state: " +
-                                         e.what_without_backtrace(),
-                "check free disk space; the previous checkpoint is intact");
+namespace {
+
+/// Serializes `value` with torch::save into memory, then writes the bytes atomically (fsynced):
+/// torch's own file writer aborts the process when the disk fills during its destructor.
+template <class T>
+void save_torch_atomic(const T& value, const fs::path& file) {
+  std::ostringstream os(std::ios::binary);
+  torch::save(value, os);
+  const std::string bytes = os.str();
+  io::AtomicFile f(file);
+  f.write(bytes.data(), bytes.size());
+  f.commit();
+}
+
+void fsync_dir(const fs::path& dir) {
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
   }
-  nlohmann::json j = {{"format_version", kStateFormatVersion},
-                      {"step", state.step},
-                      {"loader", {{"epoch", state.loader.epoch}, {"consumed", state.loader.consumed}}},
-                      {"n_skipped", state.n_skipped},
-                      {"tokens_seen", state.tokens_seen},
-                      {"extra", state.extra},
-                      {"recipe", recipe}};
-  if (!extra_tensors.empty()) io::save_safetensors(dir / "extra.safetensors", extra_tensors);
-  io::write_text_atomic(dir / "state.json", j.dump(2) + "\n");
-  io::mark_done(dir);
-  io::prune_checkpoints(output_dir, static_cast<int>(keep_last));
+}
+
+std::string gib(uint64_t bytes) {
+  std::ostringstream os;
+  os.precision(3);
+  os << static_cast<double>(bytes) / (1024.0 * 1024 * 1024) << " GiB";
+  return os.str();
+}
+
+}  // namespace
+
+void save_model_bundle(const fs::path& dir, const ModelBundle& b) {
+  const fs::path tok_path = b.tokenizer ? fs::path(b.tokenizer->path()) : fs::path();
+  if (b.reward_model) {
+    auto rm = b.reward_model;
+    model::save_reward_model(dir, rm, tok_path, b.image, b.tokenizer);
+  } else {
+    auto vlm = b.vlm;
+    io::save_pretrained(dir, vlm, tok_path, b.image, torch::kFloat32, int64_t{5} << 30,
+                        b.tokenizer);
+  }
+  if (b.value_head) {
+    io::save_safetensors(dir / kValueHeadFile,
+                         {{"weight", b.value_head->weight}, {"bias", b.value_head->bias}});
+  }
+}
+
+void load_value_head(torch::nn::Linear& head, const fs::path& dir) {
+  const fs::path file = dir / kValueHeadFile;
+  MMPOST_CHECK(fs::is_regular_file(file), file.string(), ": missing (a PPO checkpoint holds the "
+               "value head)");
+  auto t = io::load_safetensors(file);
+  MMPOST_CHECK(t.count("weight") && t.count("bias") &&
+                   t.at("weight").sizes() == head->weight.sizes() &&
+                   t.at("bias").sizes() == head->bias.sizes(),
+               file.string(), ": expected weight ", head->weight.sizes(), " and bias ",
+               head->bias.sizes());
+  torch::NoGradGuard no_grad;
+  head->weight.copy_(t.at("weight"));
+  head->bias.copy_(t.at("bias"));
+}
+
+Checkpointer::Checkpointer(fs::path output_dir, int64_t keep_last, ModelBundle bundle,
+                           torch::optim::Optimizer& optimizer, int64_t last_saved_step)
+    : out_(std::move(output_dir)), keep_last_(keep_last), bundle_(std::move(bundle)),
+      optimizer_(optimizer), last_saved_(last_saved_step) {
+  torch::nn::Module* m = bundle_.reward_model ? static_cast<torch::nn::Module*>(
+                                                    bundle_.reward_model.ptr().get())
+                                              : bundle_.vlm.ptr().get();
+  for (const auto& p : m->parameters()) bytes_needed_ += p.numel() * 4;  // saved as float32
+  if (bundle_.value_head) bytes_needed_ += (bundle_.value_head->weight.numel() + 1) * 4;
+  for (const auto& g : optimizer_.param_groups()) {
+    for (const auto& p : g.params()) bytes_needed_ += 2 * p.numel() * p.element_size();  // m, v
+  }
+  bytes_needed_ += bytes_needed_ / 20 + (uint64_t{8} << 20);  // headers, tokenizer, json
+}
+
+fs::path Checkpointer::save(const TrainState& state, const nlohmann::json& recipe) {
+  const fs::path dir = io::step_dir(out_, state.step);
+  if (state.step == last_saved_ && io::is_complete(dir)) return dir;
+  const fs::path tmp = out_ / ("." + dir.filename().string() + ".tmp." + std::to_string(::getpid()));
+  try {
+    io::check_free_space(out_, bytes_needed_);
+    fs::remove_all(tmp);
+    fs::create_directories(tmp);
+    save_model_bundle(tmp, bundle_);
+    save_torch_atomic(optimizer_, tmp / "optimizer.pt");
+    save_torch_atomic(at::detail::getDefaultCPUGenerator().get_state(), tmp / "rng.pt");
+    nlohmann::json j = {
+        {"format_version", kStateFormatVersion},
+        {"step", state.step},
+        {"loader", {{"epoch", state.loader.epoch}, {"consumed", state.loader.consumed}}},
+        {"n_skipped", state.n_skipped},
+        {"tokens_seen", state.tokens_seen},
+        {"extra", state.extra},
+        {"recipe", recipe}};
+    io::write_text_atomic(tmp / "state.json", j.dump(2) + "\n");
+    io::mark_done(tmp);
+    // An older folder of this step can only be a crash leftover without DONE (a complete one was
+    // skipped above, or belongs to the run we resumed from): replace it.
+    if (fs::exists(dir)) fs::remove_all(dir);
+    fs::rename(tmp, dir);
+    fsync_dir(out_);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    auto prev = io::latest_complete_checkpoint(out_);
+    std::string what = e.what();
+    if (auto* te = dynamic_cast<const c10::Error*>(&e)) what = te->what_without_backtrace();
+    throw Error(ErrorKind::kRuntime,
+                dir.string() + ": cannot write the checkpoint (needs about " + gib(bytes_needed_) +
+                    "): " + what,
+                prev ? "the previous checkpoint " + prev->string() + " is intact; free disk space "
+                           "and rerun the same command to resume from it"
+                     : "no checkpoint was written; free disk space and rerun");
+  }
+  last_saved_ = state.step;
+  io::prune_checkpoints(out_, static_cast<int>(keep_last_));
   return dir;
+}
+
+void Checkpointer::export_final() {
+  try {
+    io::check_free_space(out_, bytes_needed_);
+    save_model_bundle(out_, bundle_);
+  } catch (const Error&) {
+    throw;
+  } catch (const std::exception& e) {
+    std::string what = e.what();
+    if (auto* te = dynamic_cast<const c10::Error*>(&e)) what = te->what_without_backtrace();
+    throw Error(ErrorKind::kRuntime, out_.string() + ": cannot write the final model: " + what,
+                "the last checkpoint is intact; free disk space and rerun to finish the export");
+  }
 }
 
 TrainState read_train_state(const fs::path& dir) {
@@ -75,11 +185,6 @@ void load_optimizer_and_rng(const fs::path& dir, torch::optim::Optimizer& optimi
     throw Error(ErrorKind::kRuntime,
                 dir.string() + ": cannot restore optimizer/RNG state: " + e.what_without_backtrace());
   }
-}
-
-std::map<std::string, torch::Tensor> load_extra_tensors(const std::filesystem::path& dir) {
-  if (!std::filesystem::exists(dir / "extra.safetensors")) return {};
-  return io::load_safetensors(dir / "extra.safetensors");
 }
 
 }  // namespace mmpost::train

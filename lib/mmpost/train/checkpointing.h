@@ -1,23 +1,28 @@
-// Training checkpoints shared by the stages: OUTPUT/step_000120/ holds the model in HF layout,
-// optimizer.pt, rng.pt and state.json (format version, step, loader cursor, counters, recipe),
-// with DONE written last; resume loads the newest folder that has DONE (ARCHITECTURE.md).
+// Training checkpoints, one writer for every stage: OUTPUT/step_000120/ holds the model folder in
+// HF layout (plus a reward or value head), optimizer.pt, rng.pt and state.json (format version,
+// step, loader cursor, counters, recipe), with DONE written last. A save is built in a hidden
+// temporary folder, fsynced and renamed into place, so a crash or a full disk never leaves a
+// folder resume would trust, and the newest complete checkpoint is never touched before a newer
+// one is complete (ARCHITECTURE.md; llm.c's DONE_%08d).
 #pragma once
 
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <map>
+#include <optional>
 #include <string>
 
 #include "mmpost/data/image.h"
 #include "mmpost/data/loader.h"
 #include "mmpost/data/tokenizer.h"
+#include "mmpost/model/reward_model.h"
 #include "mmpost/model/vlm.h"
 
 namespace mmpost::train {
 
 inline constexpr int64_t kStateFormatVersion = 1;
+inline constexpr const char* kValueHeadFile = "value_head.safetensors";
 
 /// Loop state that a checkpoint must restore for an exact resume.
 struct TrainState {
@@ -28,21 +33,53 @@ struct TrainState {
   nlohmann::json extra = nlohmann::json::object();  // stage-specific counters
 };
 
-/// Writes OUTPUT/step_NNNNNN (model folder + optimizer + RNG + `extra_tensors` in
-/// extra.safetensors when non-empty, e.g. a value head + state.json + DONE), then prunes
-/// to keep_last complete checkpoints. Returns the folder. Throws Error(kRuntime) (disk full etc.);
-/// an interrupted save leaves no DONE, so resume ignores it.
-std::filesystem::path save_checkpoint(const std::filesystem::path& output_dir,
-                                      const TrainState& state, model::Vlm& model,
-                                      const std::filesystem::path& tokenizer_path,
-                                      const data::ImageProcessorConfig& image,
-                                      torch::optim::Optimizer& optimizer,
-                                      const nlohmann::json& recipe, int64_t keep_last,
-                                      const data::Tokenizer* tokenizer = nullptr,
-                                      const std::map<std::string, torch::Tensor>& extra_tensors = {});
+/// What a model folder holds: the VLM, or a reward model (VLM + score head), optionally a PPO
+/// value head; the tokenizer (written from its bytes in memory) and image settings.
+struct ModelBundle {
+  model::Vlm vlm{nullptr};                  // set unless reward_model is
+  model::RewardModel reward_model{nullptr}; // rm: written by model::save_reward_model
+  torch::nn::Linear value_head{nullptr};    // ppo: value_head.safetensors {weight [1, C], bias [1]}
+  const data::Tokenizer* tokenizer = nullptr;
+  data::ImageProcessorConfig image;
+};
 
-/// The extra.safetensors tensors of a checkpoint folder (empty map when there is none).
-std::map<std::string, torch::Tensor> load_extra_tensors(const std::filesystem::path& dir);
+/// Writes `b` as a model folder into `dir` (float32 weights, atomic files). Throws Error(kRuntime).
+void save_model_bundle(const std::filesystem::path& dir, const ModelBundle& b);
+
+/// Loads `dir`/value_head.safetensors into `head` (keeps its device/dtype). Throws
+/// Error(kRuntime) naming the file when it is missing or mis-shaped.
+void load_value_head(torch::nn::Linear& head, const std::filesystem::path& dir);
+
+/// Saves and prunes the checkpoints of one run.
+class Checkpointer {
+ public:
+  /// `last_saved_step`: the step of the checkpoint the run resumed from (-1: none), so a save of
+  /// the same step is skipped. The free-space need is estimated from `model_bytes` (all
+  /// parameters, float32) plus the optimizer's two AdamW moments of every trainable parameter.
+  Checkpointer(std::filesystem::path output_dir, int64_t keep_last, ModelBundle bundle,
+               torch::optim::Optimizer& optimizer, int64_t last_saved_step);
+
+  /// Writes OUTPUT/step_<state.step> (model folder, optimizer.pt, rng.pt, state.json, DONE) via a
+  /// temporary folder, then prunes to keep_last complete checkpoints. Does nothing when that step
+  /// was saved already (a stop signal on a save step). Returns the folder. Throws Error(kRuntime)
+  /// naming the folder and the space needed (full disk, I/O error); the previous checkpoint is
+  /// then intact and no partial folder is left.
+  std::filesystem::path save(const TrainState& state, const nlohmann::json& recipe);
+
+  /// Writes the final model folder at the top level of the output folder. Throws Error(kRuntime).
+  void export_final();
+
+  /// Bytes a checkpoint needs on disk (estimate used by the free-space check).
+  uint64_t bytes_needed() const { return bytes_needed_; }
+
+ private:
+  std::filesystem::path out_;
+  int64_t keep_last_;
+  ModelBundle bundle_;
+  torch::optim::Optimizer& optimizer_;
+  int64_t last_saved_;
+  uint64_t bytes_needed_ = 0;
+};
 
 /// Reads state.json of a checkpoint folder. Throws Error(kRuntime) for an unknown format version.
 TrainState read_train_state(const std::filesystem::path& dir);

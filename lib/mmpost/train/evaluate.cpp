@@ -24,8 +24,8 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
                                       io::JsonlWriter* preds) {
   auto start = std::chrono::steady_clock::now();
   data::SampleContext c = ctx;
-  c.source = path;
-  c.base_dir = std::filesystem::path(path).parent_path();
+  c.source = io::display_name(path);
+  c.base_dir = io::relative_base(path);
   data::LoaderOptions lo;
   lo.path = path;
   lo.batch_size = opts.batch_size;

@@ -81,4 +81,43 @@ double grad_norm_of(const std::vector<std::pair<std::string, torch::Tensor>>& na
   return torch::stack(norms).norm().item<double>();
 }
 
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters_of(torch::nn::Module& m) {
+  std::vector<std::pair<std::string, torch::Tensor>> out;
+  for (const auto& item : m.named_parameters(/*recurse=*/true)) {
+    out.emplace_back(item.key(), item.value());
+  }
+  return out;
+}
+
+Optimizer::Optimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named,
+                     const config::OptimSection& optim, const config::SchedulerSection& scheduler,
+                     double clip_grad_norm, int64_t total_steps)
+    : adamw_(make_adamw(named, {optim.lr, optim.betas[0], optim.betas[1], optim.eps,
+                                optim.weight_decay})),
+      optim_(optim), scheduler_(scheduler), clip_(clip_grad_norm), total_(total_steps) {
+  for (const auto& [name, p] : named) {
+    if (p.requires_grad()) trainable_.push_back(p);
+  }
+}
+
+double Optimizer::lr_at(int64_t step) const {
+  return optim_.lr * lr_multiplier(scheduler_.name, step, scheduler_.warmup_steps, total_,
+                                   scheduler_.min_lr_ratio);
+}
+
+StepStats Optimizer::step(int64_t step, double loss) {
+  MMPOST_CHECK(std::isfinite(loss), "step ", step + 1, ": loss is ", loss,
+               "; stopping before the update so the last checkpoint stays valid",
+               "\n  hint: lower optim.lr, keep train.clip_grad_norm > 0, or use dtype float32");
+  StepStats s;
+  s.grad_norm = clip_grad_norm(trainable_, clip_);
+  MMPOST_CHECK(std::isfinite(s.grad_norm), "step ", step + 1, ": gradient norm is ", s.grad_norm,
+               "; stopping before the update so the last checkpoint stays valid",
+               "\n  hint: lower optim.lr or use dtype float32");
+  s.lr = lr_at(step);
+  set_lr(*adamw_, s.lr);
+  adamw_->step();
+  return s;
+}
+
 }  // namespace mmpost::train

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "mmpost/config/recipe.h"
+
 namespace mmpost::train {
 
 /// AdamW hyper-parameters.
@@ -44,5 +46,43 @@ double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm)
 /// L2 norm of the gradients of the parameters whose name starts with `prefix`.
 double grad_norm_of(const std::vector<std::pair<std::string, torch::Tensor>>& named,
                     const std::string& prefix);
+
+/// (name, parameter) of every parameter of `m` (recursively), in registration order.
+std::vector<std::pair<std::string, torch::Tensor>> named_parameters_of(torch::nn::Module& m);
+
+/// What one optimizer step did.
+struct StepStats {
+  double grad_norm = 0;  // global L2 norm before clipping
+  double lr = 0;
+};
+
+/// The one optimizer step every stage takes after its backward passes (AdamW over the trainable
+/// parameters, the recipe's schedule and clipping). The future distributed gradient all-reduce
+/// belongs in step(), before the norm.
+class Optimizer {
+ public:
+  /// AdamW (make_adamw) over the trainable tensors of `named`. Throws Error(kUsage) when none is
+  /// trainable.
+  Optimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named,
+            const config::OptimSection& optim, const config::SchedulerSection& scheduler,
+            double clip_grad_norm, int64_t total_steps);
+  void zero_grad() { adamw_->zero_grad(); }
+  /// Scheduled learning rate at 0-based optimizer step `step`.
+  double lr_at(int64_t step) const;
+  /// Takes optimizer step `step` (0-based): refuses a non-finite `loss` (pass 0 when the stage has
+  /// none) or gradient norm with Error(kRuntime) naming step + 1 before anything changes, so the
+  /// last checkpoint stays valid; clips; sets the scheduled lr; steps AdamW.
+  StepStats step(int64_t step, double loss);
+  torch::optim::AdamW& adamw() { return *adamw_; }
+  const std::vector<torch::Tensor>& trainable() const { return trainable_; }
+
+ private:
+  std::unique_ptr<torch::optim::AdamW> adamw_;
+  std::vector<torch::Tensor> trainable_;
+  config::OptimSection optim_;
+  config::SchedulerSection scheduler_;
+  double clip_;
+  int64_t total_;
+};
 
 }  // namespace mmpost::train

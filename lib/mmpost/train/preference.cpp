@@ -3,6 +3,7 @@
 #include "mmpost/train/preference.h"
 
 #include "mmpost/core/check.h"
+#include "mmpost/io/jsonl.h"
 #include "mmpost/core/log.h"
 #include "mmpost/data/loader.h"
 #include "mmpost/io/safetensors.h"
@@ -13,8 +14,8 @@ namespace {
 /// A streaming loader over a preference JSONL in file order (eval / precompute).
 std::unique_ptr<data::StreamingLoader<data::PreferenceSample>> file_order_loader(
     data::SampleContext& c, const std::string& path, const PreferenceEvalOptions& opts) {
-  c.source = path;
-  c.base_dir = std::filesystem::path(path).parent_path();
+  c.source = io::display_name(path);
+  c.base_dir = io::relative_base(path);
   c.random_shift = 0;
   data::LoaderOptions lo;
   lo.path = path;

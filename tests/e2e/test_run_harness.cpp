@@ -1,0 +1,410 @@
+// End-to-end tests of the run harness every training stage shares (train/run.h, checkpointing.h):
+// SIGTERM checkpoint + resume equals a straight run for sft, dpo, rm and rlhf; a resumed run
+// survives pruning of the folder it resumed from; gradient accumulation equals one big batch;
+// frozen parts stay byte-identical; a finished run is left untouched on rerun; a second writer is
+// refused; --no-resume starts clean; multi-process launches are refused; shell conveniences.
+// Every comparison is between two runs on the same machine, so none depends on the CPU's
+// floating-point path.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include "catch.h"
+#include "mmpost/io/jsonl.h"
+#include "mmpost/io/safetensors.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using mmpost::testing::read_all;
+using mmpost::testing::run_cli;
+using mmpost::testing::TempDir;
+
+namespace {
+
+const fs::path kDigits = fs::path(MMPOST_SOURCE_DIR) / "data/digits-vqa";
+
+/// Starts `mmpost ARGS` (from the repo root) as our child; stdout/stderr go to files in `log`.
+pid_t spawn_cli(const std::string& args, const fs::path& log) {
+  fs::create_directories(log);
+  std::string cmd = std::string("cd ") + MMPOST_SOURCE_DIR + " && exec " + MMPOST_BINARY + " " +
+                    args + " > " + (log / "stdout.txt").string() + " 2> " +
+                    (log / "stderr.txt").string();
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  return pid;
+}
+
+/// Waits for our child; its exit status, 128 + signal when killed, -1 after `timeout_s` (then it
+/// is killed).
+int wait_cli(pid_t pid, double timeout_s = 120) {
+  auto start = std::chrono::steady_clock::now();
+  int status = 0;
+  while (::waitpid(pid, &status, WNOHANG) == 0) {
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() >
+        timeout_s) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      return -1;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+/// Training rows (those with "loss") of a metrics.jsonl.
+std::vector<nlohmann::json> train_rows(const fs::path& file) {
+  std::vector<nlohmann::json> out;
+  if (!fs::exists(file)) return out;
+  mmpost::io::JsonlReader r(file);
+  mmpost::io::JsonlRecord rec;
+  while (r.next(rec)) {
+    if (rec.error.empty() && rec.value.contains("loss")) out.push_back(rec.value);
+  }
+  return out;
+}
+
+/// Polls until metrics.jsonl has a training row (the loop is running), up to 60 s.
+bool wait_for_first_step(const fs::path& run, pid_t pid) {
+  for (int i = 0; i < 12000; ++i) {
+    if (!train_rows(run / "metrics.jsonl").empty()) return true;
+    if (::waitpid(pid, nullptr, WNOHANG) != 0) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return false;
+}
+
+/// The last stdout line as JSON (the training stages' summary).
+nlohmann::json last_json_line(const std::string& out) {
+  auto end = out.find_last_not_of('\n');
+  REQUIRE(end != std::string::npos);
+  auto begin = out.rfind('\n', end);
+  return nlohmann::json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1));
+}
+
+/// A tiny SFT model folder (one step from random init): the start of dpo, rm and rlhf runs.
+fs::path tiny_model(const fs::path& dir) {
+  auto out = dir / "start";
+  auto r = run_cli("sft -r recipes/tiny/sft-tiny.json --output " + out.string() +
+                       " --set data.eval= --set train.max_steps=1",
+                   dir / "log_start");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  return out;
+}
+
+/// `n` pairs (right digit chosen, another rejected) with absolute image paths.
+fs::path write_prefs(const fs::path& dir, int n) {
+  mmpost::io::JsonlReader in(kDigits / "train.jsonl");
+  mmpost::io::JsonlRecord rec;
+  auto path = dir / "prefs.jsonl";
+  std::ofstream out(path);
+  for (int i = 0; i < n && in.next(rec); ++i) {
+    auto& r = rec.value;
+    auto answer = r["messages"][1]["content"].get<std::string>();
+    out << nlohmann::json{{"images", {(kDigits / r["images"][0].get<std::string>()).string()}},
+                          {"prompt", {r["messages"][0]}},
+                          {"chosen", {{{"role", "assistant"}, {"content", answer}}}},
+                          {"rejected",
+                           {{{"role", "assistant"},
+                             {"content", std::to_string((std::stoi(answer) + 3) % 10)}}}}}
+                .dump()
+        << "\n";
+  }
+  return path;
+}
+
+/// `n` digit prompts whose answer is "7".
+fs::path write_prompts(const fs::path& dir, int n) {
+  mmpost::io::JsonlReader in(kDigits / "train.jsonl");
+  mmpost::io::JsonlRecord rec;
+  auto path = dir / "prompts.jsonl";
+  std::ofstream out(path);
+  for (int i = 0; i < n && in.next(rec); ++i) {
+    auto r = rec.value;
+    r["images"] = {(kDigits / r["images"][0].get<std::string>()).string()};
+    r["answer"] = "7";
+    out << r.dump() << "\n";
+  }
+  return path;
+}
+
+/// Stops a run with SIGTERM once its loop is running, checks exit 143 and a complete checkpoint,
+/// reruns it to the end and requires the final weights (and heads) to equal a straight run's.
+void check_sigterm_resume(const std::string& args, const TempDir& dir,
+                          const std::vector<std::string>& files) {
+  auto straight = dir.path / "straight", stopped = dir.path / "stopped";
+  auto r = run_cli(args + " --output " + straight.string(), dir.path / "log_straight");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  pid_t pid = spawn_cli(args + " --output " + stopped.string(), dir.path / "log_stop");
+  REQUIRE(wait_for_first_step(stopped, pid));
+  ::kill(pid, SIGTERM);
+  REQUIRE(wait_cli(pid) == 143);
+  auto summary = last_json_line(read_all(dir.path / "log_stop" / "stdout.txt"));
+  CHECK(summary["exit_reason"] == "signal");
+  const int64_t stop_step = summary["step"].get<int64_t>();
+  CHECK(fs::exists(stopped / ("step_" + std::string(6 - std::to_string(stop_step).size(), '0') +
+                              std::to_string(stop_step)) / "DONE"));
+  CHECK_FALSE(fs::exists(stopped / "model.safetensors"));  // not finished: no final model yet
+  r = run_cli(args + " --output " + stopped.string(), dir.path / "log_resume");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.err, HasSubstr("resumed from"));
+  for (const auto& f : files) {
+    INFO(f);
+    CHECK(read_all(straight / f) == read_all(stopped / f));
+    CHECK(!read_all(straight / f).empty());
+  }
+  // metrics.jsonl has each step once, in order, as the straight run's.
+  auto a = train_rows(straight / "metrics.jsonl"), b = train_rows(stopped / "metrics.jsonl");
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    CHECK(a[i]["step"] == b[i]["step"]);
+    CHECK(a[i]["loss"] == b[i]["loss"]);
+  }
+}
+
+/// Path -> bytes of every file under `dir`.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) out[e.path().string()] = read_all(e.path());
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("sft: SIGTERM checkpoints, resume equals a straight run", "[e2e][run]") {
+  TempDir dir("run_sft_term");
+  check_sigterm_resume("sft -r recipes/tiny/sft-tiny.json --set data.eval= "
+                       "--set train.max_steps=12 --set train.log_every_n_steps=1",
+                       dir, {"model.safetensors", "tokenizer.model"});
+}
+
+TEST_CASE("dpo: SIGTERM checkpoints, resume equals a straight run", "[e2e][run]") {
+  TempDir dir("run_dpo_term");
+  auto start = tiny_model(dir.path);
+  auto prefs = write_prefs(dir.path, 32);
+  check_sigterm_resume("dpo -r recipes/tiny/dpo-tiny.json --set model.path=" + start.string() +
+                           " --set data.train=" + prefs.string() +
+                           " --set data.eval= --set train.max_steps=8 --set train.batch_size=4"
+                           " --set train.log_every_n_steps=1",
+                       dir, {"model.safetensors"});
+}
+
+TEST_CASE("rm: SIGTERM checkpoints, resume equals a straight run", "[e2e][run]") {
+  TempDir dir("run_rm_term");
+  auto start = tiny_model(dir.path);
+  auto prefs = write_prefs(dir.path, 32);
+  check_sigterm_resume("rm -r recipes/tiny/rm-tiny.json --set model.path=" + start.string() +
+                           " --set data.train=" + prefs.string() +
+                           " --set data.eval= --set train.max_steps=8 --set train.batch_size=4"
+                           " --set train.log_every_n_steps=1",
+                       dir, {"model.safetensors", "reward_head.safetensors"});
+}
+
+TEST_CASE("rlhf: SIGTERM checkpoints, resume equals a straight run", "[e2e][run]") {
+  TempDir dir("run_rlhf_term");
+  auto start = tiny_model(dir.path);
+  auto prompts = write_prompts(dir.path, 16);
+  check_sigterm_resume("rlhf -r recipes/tiny/grpo-tiny.json --set model.path=" + start.string() +
+                           " --set data.train=" + prompts.string() +
+                           " --set data.eval= --set train.max_steps=6 --set train.batch_size=2"
+                           " --set train.log_every_n_steps=1",
+                       dir, {"model.safetensors"});
+}
+
+TEST_CASE("a resumed run survives pruning of the checkpoint it resumed from", "[e2e][run]") {
+  // The tokenizer used to be re-read from the step folder the run resumed from; once that
+  // folder was pruned the next save failed. Now it is written from memory.
+  TempDir dir("run_prune");
+  const std::string args = "sft -r recipes/tiny/sft-tiny.json --set data.eval= "
+                           "--set train.save_every_n_steps=2 --set train.keep_last_n_checkpoints=1";
+  auto straight = dir.path / "straight", twice = dir.path / "twice";
+  auto r = run_cli(args + " --set train.max_steps=8 --output " + straight.string(),
+                   dir.path / "log_a");
+  REQUIRE(r.code == 0);
+  r = run_cli(args + " --set train.max_steps=4 --output " + twice.string(), dir.path / "log_b");
+  REQUIRE(r.code == 0);
+  // A larger max_steps continues the finished run (constant schedule: same updates).
+  r = run_cli(args + " --set train.max_steps=8 --output " + twice.string(), dir.path / "log_c");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.err, HasSubstr("resumed from"));
+  CHECK_FALSE(fs::exists(twice / "step_000004"));  // pruned after step 6 was complete
+  CHECK(fs::exists(twice / "step_000008" / "DONE"));
+  CHECK(read_all(straight / "model.safetensors") == read_all(twice / "model.safetensors"));
+  CHECK(read_all(straight / "tokenizer.model") == read_all(twice / "tokenizer.model"));
+}
+
+TEST_CASE("a finished run is left untouched when rerun", "[e2e][run]") {
+  TempDir dir("run_finished");
+  auto run = dir.path / "run";
+  const std::string args = "sft -r recipes/tiny/sft-tiny.json --set data.eval= "
+                           "--set train.max_steps=4 --output " + run.string();
+  auto r = run_cli(args, dir.path / "log_a");
+  REQUIRE(r.code == 0);
+  auto summary = last_json_line(r.out);
+  CHECK(summary["exit_reason"] == "completed");
+  CHECK(summary["step"] == 4);
+  CHECK(summary["output_dir"] == run.string());
+  CHECK(summary["metrics"].contains("loss"));
+  auto before = snapshot(run);
+  r = run_cli(args, dir.path / "log_b");
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.err, HasSubstr("already holds this run"));
+  CHECK(last_json_line(r.out)["exit_reason"] == "already_finished");
+  CHECK(snapshot(run) == before);
+  // --no-resume starts over: old checkpoints and metrics go, the new run writes its own.
+  r = run_cli("sft -r recipes/tiny/sft-tiny.json --set data.eval= --set train.max_steps=2 "
+              "--set train.log_every_n_steps=1 --no-resume --output " + run.string(),
+              dir.path / "log_c");
+  REQUIRE(r.code == 0);
+  CHECK_FALSE(fs::exists(run / "step_000004"));
+  CHECK(fs::exists(run / "step_000002" / "DONE"));
+  auto rows = train_rows(run / "metrics.jsonl");
+  REQUIRE(rows.size() == 2);
+  CHECK(rows[0]["step"] == 1);
+  CHECK(rows[1]["step"] == 2);
+}
+
+TEST_CASE("a second run on the same output folder is refused at once", "[e2e][run]") {
+  TempDir dir("run_lock");
+  auto run = dir.path / "run";
+  const std::string args = "sft -r recipes/tiny/sft-tiny.json --set data.eval= "
+                           "--set train.max_steps=100000 --set train.log_every_n_steps=1 --output " +
+                           run.string();
+  pid_t first = spawn_cli(args, dir.path / "log_first");
+  REQUIRE(wait_for_first_step(run, first));
+  auto t0 = std::chrono::steady_clock::now();
+  auto r = run_cli(args, dir.path / "log_second");
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(first, SIGTERM);
+  CHECK(wait_cli(first) == 143);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, HasSubstr("another mmpost run (pid " + std::to_string(first) + ")"));
+  CHECK(secs < 30);  // refused before loading anything (generous bound: not a timing test)
+}
+
+TEST_CASE("gradient accumulation equals one big batch", "[e2e][run]") {
+  TempDir dir("run_accum");
+  const std::string args = "sft -r recipes/tiny/sft-tiny.json --set data.eval= "
+                           "--set train.max_steps=3 --set train.log_every_n_steps=1";
+  auto r = run_cli(args + " --set train.batch_size=8 --output " + (dir.path / "big").string(),
+                   dir.path / "log_big");
+  REQUIRE(r.code == 0);
+  r = run_cli(args + " --set train.batch_size=2 --set train.gradient_accumulation_steps=4 "
+                     "--output " + (dir.path / "acc").string(),
+              dir.path / "log_acc");
+  REQUIRE(r.code == 0);
+  auto big = train_rows(dir.path / "big/metrics.jsonl");
+  auto acc = train_rows(dir.path / "acc/metrics.jsonl");
+  REQUIRE(big.size() == 3);
+  REQUIRE(acc.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(acc[i]["loss"].get<double>() ==
+          Approx(big[i]["loss"].get<double>()).epsilon(1e-6).margin(0));
+    CHECK(acc[i]["grad_norm"].get<double>() ==
+          Approx(big[i]["grad_norm"].get<double>()).epsilon(1e-5).margin(0));
+  }
+  // The batches must really differ from a shifted stream: a different seed changes the loss.
+  r = run_cli(args + " --set train.batch_size=8 --seed 9 --output " + (dir.path / "other").string(),
+              dir.path / "log_other");
+  REQUIRE(r.code == 0);
+  CHECK(train_rows(dir.path / "other/metrics.jsonl")[0]["loss"] != big[0]["loss"]);
+}
+
+TEST_CASE("model.freeze keeps the frozen part byte-identical", "[e2e][run]") {
+  TempDir dir("run_freeze");
+  auto start = tiny_model(dir.path);
+  auto out = dir.path / "frozen";
+  auto r = run_cli("sft -r recipes/tiny/sft-tiny.json --set data.eval= --set train.max_steps=3 "
+                   "--set model.path=" + start.string() +
+                   " --set model.freeze=[\\\"vision_tower\\\"] --output " + out.string(),
+                   dir.path / "log");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto a = mmpost::io::load_safetensors(start / "model.safetensors");
+  auto b = mmpost::io::load_safetensors(out / "model.safetensors");
+  REQUIRE(a.size() == b.size());
+  int n_frozen = 0, n_changed = 0;
+  for (const auto& [name, t] : a) {
+    if (name.find("vision_tower") != std::string::npos) {
+      INFO(name);
+      CHECK(torch::equal(t, b.at(name)));
+      ++n_frozen;
+    } else if (!torch::equal(t, b.at(name))) {
+      ++n_changed;
+    }
+  }
+  CHECK(n_frozen > 4);
+  CHECK(n_changed > 4);  // the rest trained
+}
+
+TEST_CASE("multi-process launches are refused until data parallelism exists", "[e2e][run]") {
+  TempDir dir("run_world");
+  auto r = run_cli("sft -r recipes/tiny/sft-tiny.json --set data.eval= --set train.max_steps=1 "
+                   "--output " + (dir.path / "run").string(),
+                   dir.path / "log");
+  REQUIRE(r.code == 0);  // the same command in one process works
+  for (const char* env : {"WORLD_SIZE=2", "SLURM_NTASKS=2"}) {
+    std::string cmd = std::string("cd ") + MMPOST_SOURCE_DIR + " && env " + env + " " +
+                      MMPOST_BINARY + " sft -r recipes/tiny/sft-tiny.json --set data.eval= "
+                      "--set train.max_steps=1 --output " +
+                      (dir.path / "run2").string() + " 2> " + (dir.path / "err.txt").string();
+    int status = std::system(cmd.c_str());
+    CHECK(WEXITSTATUS(status) == 2);
+    CHECK_THAT(read_all(dir.path / "err.txt"), HasSubstr("multi-process"));
+    CHECK_FALSE(fs::exists(dir.path / "run2" / "metrics.jsonl"));
+  }
+}
+
+TEST_CASE("shell conveniences: --version, unknown subcommand, defaults with docs, stdin",
+          "[e2e][run]") {
+  TempDir dir("run_shell");
+  auto r = run_cli("--version", dir.path / "v");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, HasSubstr("mmpost ") && HasSubstr("commit") && HasSubstr("LibTorch 2.") &&
+                        HasSubstr("CUDA"));
+  r = run_cli("trian", dir.path / "u");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, HasSubstr("unknown subcommand \"trian\"") && HasSubstr("sft"));
+  r = run_cli("dpo --print-defaults", dir.path / "d");
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, HasSubstr("dpo.beta") && HasSubstr("# DPO temperature"));
+
+  // eval --data - --out -: predictions then the summary on stdout; images relative to the cwd.
+  auto model = tiny_model(dir.path);
+  std::string cmd = "cd " + kDigits.string() + " && head -5 val.jsonl | " + MMPOST_BINARY +
+                    " eval --model " + model.string() + " --data - --out - > " +
+                    (dir.path / "out.txt").string() + " 2> " + (dir.path / "err.txt").string();
+  int status = std::system(cmd.c_str());
+  INFO(read_all(dir.path / "err.txt"));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  std::istringstream lines(read_all(dir.path / "out.txt"));
+  std::vector<nlohmann::json> rows;
+  for (std::string line; std::getline(lines, line);) rows.push_back(nlohmann::json::parse(line));
+  REQUIRE(rows.size() == 6);
+  for (int i = 0; i < 5; ++i) CHECK(rows[i].contains("prediction"));
+  CHECK(rows[5]["n"] == 5);
+  CHECK(rows[5]["data"] == "<stdin>");
+  // A bad line on stdin is located as <stdin>:LINE.
+  cmd = "cd " + kDigits.string() + " && (head -2 val.jsonl; echo '{oops') | " + MMPOST_BINARY +
+        " eval --model " + model.string() + " --data - 2> " + (dir.path / "err2.txt").string() +
+        " > /dev/null";
+  status = std::system(cmd.c_str());
+  CHECK(WEXITSTATUS(status) == 3);
+  CHECK_THAT(read_all(dir.path / "err2.txt"), HasSubstr("<stdin>:3"));
+}
