@@ -1,6 +1,7 @@
-// End-to-end RL: a tiny SFT policy on digit images, prompts whose verifiable answer is "7";
-// `mmpost rlhf` (GRPO, exact_match) raises the mean reward within seconds and logs the
-// diagnostics; every algorithm runs; checkpoints resume exactly; a bad recipe exits 2.
+// End-to-end RL: a tiny SFT policy on digit images, prompts whose verifiable answer is "7".
+// Invariants: `mmpost rlhf` (GRPO, exact_match) makes greedy decoding answer "7" on those prompts
+// for every seed; groups whose rewards are all equal leave the policy byte-identical; the
+// diagnostics are logged; every algorithm runs; checkpoints resume exactly; a bad recipe exits 2.
 #include <filesystem>
 #include <fstream>
 
@@ -14,14 +15,15 @@ using mmpost::testing::run_cli;
 using mmpost::testing::TempDir;
 
 namespace {
-/// 64 digit prompts from data/digits-vqa/train.jsonl with "answer": "7".
-fs::path write_prompts(const fs::path& dir) {
+/// `n` digit prompts from data/digits-vqa/train.jsonl with "answer": "7".
+fs::path write_prompts(const fs::path& dir, int n = 64) {
   const fs::path digits = fs::path(MMPOST_SOURCE_DIR) / "data/digits-vqa";
   mmpost::io::JsonlReader in(digits / "train.jsonl");
   mmpost::io::JsonlRecord rec;
+  fs::create_directories(dir);
   auto path = dir / "prompts.jsonl";
   std::ofstream out(path);
-  for (int i = 0; i < 64 && in.next(rec); ++i) {
+  for (int i = 0; i < n && in.next(rec); ++i) {
     auto r = rec.value;
     r["images"] = {(digits / r["images"][0].get<std::string>()).string()};
     r["answer"] = "7";
@@ -59,10 +61,6 @@ TEST_CASE("rlhf: GRPO raises a tiny policy's mean reward", "[e2e][rlhf]") {
   REQUIRE(r.code == 0);
   auto m = step_metrics(run / "metrics.jsonl");
   REQUIRE(m.size() == 6);  // every 5 of 30 steps
-  const double first = m.front()["reward"].get<double>(), last = m.back()["reward"].get<double>();
-  CHECK(first < 0.6);
-  CHECK(last > 0.8);
-  CHECK(last > first + 0.3);
   for (const char* k :
        {"rewards/exact_match/mean", "rewards/exact_match/std", "frac_reward_zero_std",
         "advantages/mean", "advantages/std", "entropy", "approx_kl", "clip_ratio/region_mean",
@@ -74,6 +72,35 @@ TEST_CASE("rlhf: GRPO raises a tiny policy's mean reward", "[e2e][rlhf]") {
   // GRPO advantages are centred per group.
   CHECK(std::abs(m.back()["advantages/mean"].get<double>()) < 1e-5);
   CHECK(fs::exists(run / "model.safetensors"));
+
+  // Every seed learns the rewarded answer on 8 prompts: greedy decoding then says "7" for all.
+  auto eight = write_prompts(dir.path / "eight", 8);
+  for (int seed : {1, 2, 3}) {
+    INFO("seed " << seed);
+    auto out = dir.path / ("seed" + std::to_string(seed));
+    r = run_cli("rlhf -r recipes/tiny/grpo-tiny.json --seed " + std::to_string(seed) +
+                    " --set model.path=" + sft.string() + " --set data.train=" + eight.string() +
+                    " --set data.eval=" + eight.string() + " --output " + out.string(),
+                dir.path / "log_seed");
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    auto summary = nlohmann::json::parse(r.out.substr(r.out.rfind('\n', r.out.size() - 2) + 1));
+    CHECK(summary["eval"]["eval/n"] == 8);
+    CHECK(summary["eval"]["eval/rewards/exact_match"].get<double>() == 1.0);
+  }
+
+  // Rewards that are equal within every group carry no signal: advantages 0, zero gradient, and
+  // AdamW (no weight decay) leaves every weight byte-identical.
+  auto flat = dir.path / "flat";
+  r = run_cli("rlhf -r recipes/tiny/grpo-tiny.json --set model.path=" + sft.string() +
+                  " --set data.train=" + eight.string() +
+                  " --set rlhf.rewards=[{\\\"name\\\":\\\"format\\\"}] --set train.max_steps=3"
+                  " --output " + flat.string(),
+              dir.path / "log_flat");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(step_metrics(flat / "metrics.jsonl").back()["frac_reward_zero_std"].get<double>() == 1.0);
+  CHECK(read_all(flat / "model.safetensors") == read_all(sft / "model.safetensors"));
 
   // Every algorithm, with a reference model (KL), runs and logs.
   for (const std::string extra :
