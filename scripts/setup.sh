@@ -5,6 +5,7 @@
 #   MMPOST_SKIP_APT=1   skip apt (packages installed by other means)
 #   Torch_DIR=/path     use a downloaded LibTorch (e.g. a CUDA build) instead of the venv's torch
 #   BUILD_DIR=build     build folder;  BUILD_TYPE=Release
+#   MMPOST_SKIP_BUILD=1 stop after packages + venv (scripts/sanitize.sh configures its own folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD_DIR=${BUILD_DIR:-build}
@@ -56,6 +57,10 @@ if [[ -z "${Torch_DIR:-}" && "$ABI" != 1 ]]; then
 fi
 
 # ---- 3. configure + build -------------------------------------------------------------------
+if [[ "${MMPOST_SKIP_BUILD:-0}" == 1 ]]; then
+  log "ok: packages and .venv (MMPOST_SKIP_BUILD=1: not building)"
+  exit 0
+fi
 GEN=()
 command -v ninja >/dev/null && [[ ! -f "$BUILD_DIR/Makefile" ]] && GEN=(-G Ninja)
 if [[ ! -f "$BUILD_DIR/CMakeCache.txt" ]]; then

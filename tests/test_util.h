@@ -13,6 +13,8 @@
 
 #include <iostream>
 
+#include "mmpost/model/config.h"
+
 /// Reports the running test as skipped with `reason` (an optional dependency is missing): prints
 /// "MMPOST_SKIPPED: reason", which CTest's SKIP_REGULAR_EXPRESSION turns into "Skipped" (Catch2
 /// v2 has no skip), and under Catch2 v3 also SKIP()s. Use it as a statement that ends the test.
@@ -73,6 +75,24 @@ inline CliResult run_cli(const std::string& args, const std::filesystem::path& t
   int status = std::system(cmd.c_str());
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_all(tmp / "stdout.txt"),
           read_all(tmp / "stderr.txt")};
+}
+
+/// A tiny LLaVA config for unit tests: CLIP 16x16 images in 8x8 patches (C 16, 1 layer), Llama
+/// C 32, 1 layer, GQA 4:2, head_dim 8, 64 positions; `vocab` tokens, <image> = `image_token`.
+inline model::VlmConfig tiny_vlm_config(int64_t vocab, int64_t image_token) {
+  model::VlmConfig c;
+  c.vision_config = {.hidden_size = 16, .intermediate_size = 32, .num_hidden_layers = 1,
+                     .num_attention_heads = 2, .image_size = 16, .patch_size = 8};
+  c.text_config.vocab_size = vocab;
+  c.text_config.hidden_size = 32;
+  c.text_config.intermediate_size = 48;
+  c.text_config.num_hidden_layers = 1;
+  c.text_config.num_attention_heads = 4;
+  c.text_config.num_key_value_heads = 2;
+  c.text_config.head_dim = 8;
+  c.text_config.max_position_embeddings = 64;
+  c.image_token_index = image_token;
+  return c;
 }
 
 }  // namespace mmpost::testing

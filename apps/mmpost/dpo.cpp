@@ -20,7 +20,7 @@
 #include "mmpost/data/loader.h"
 #include "mmpost/data/preference_dataset.h"
 #include "mmpost/io/checkpoint.h"
-#include "mmpost/io/hf_folder.h"
+#include "mmpost/hub/hf_folder.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/stage_common.h"
 #include "mmpost/train/checkpointing.h"
@@ -156,7 +156,7 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
   if (run.finished(total_steps)) return run.report_already_finished();
   if (!ref_free) {  // the starting policy, never the resumed checkpoint
     log_info("dpo: reference model from " + ref_src.string() + " (" + dtype_name(ref_dtype) + ")");
-    reference = io::load_pretrained(ref_src).model;
+    reference = hub::load_pretrained(ref_src).model;
     MMPOST_CHECK_USAGE(reference->config().text_config.vocab_size ==
                            model->config().text_config.vocab_size,
                        "dpo.ref_model: vocabulary size differs from the policy's");

@@ -12,7 +12,7 @@
 #include "mmpost/core/device.h"
 #include "mmpost/core/log.h"
 #include "mmpost/data/chat_template.h"
-#include "mmpost/io/hf_folder.h"
+#include "mmpost/hub/hf_folder.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/train/evaluate.h"
 #include "mmpost/train/preference.h"
@@ -50,14 +50,14 @@ bool is_preference_file(const std::string& path) {
 }
 
 /// Reward accuracy / margins of the policy vs a reference on preference pairs.
-int run_preference_eval(const EvalArgs& a, io::Pretrained& p, data::SampleContext& ctx,
+int run_preference_eval(const EvalArgs& a, hub::Pretrained& p, data::SampleContext& ctx,
                         const torch::Device& device, torch::Dtype dtype) {
   MMPOST_CHECK_USAGE(a.beta > 0, "--beta: must be > 0, got ", a.beta);
   MMPOST_CHECK_USAGE(a.rewards.empty(), "--reward applies to prompt data; ", a.data,
                      " holds preference pairs");
   model::Vlm ref{nullptr};
   if (!a.ref_model.empty()) {
-    ref = io::load_pretrained(a.ref_model).model;
+    ref = hub::load_pretrained(a.ref_model).model;
     ref->to(device, dtype);
     ref->eval();
   }
@@ -106,10 +106,10 @@ int run_eval(EvalArgs a) {
   const torch::Dtype dtype = resolve_dtype(a.dtype, device);
 
   // ---- model -------------------------------------------------------------------------------
-  auto p = io::load_pretrained(a.model_dir);
+  auto p = hub::load_pretrained(a.model_dir);
   MMPOST_CHECK_USAGE(!p.tokenizer_path.empty(), a.model_dir, ": no tokenizer.model in the folder");
   data::Tokenizer tokenizer(p.tokenizer_path.string());
-  io::add_hf_added_tokens(tokenizer, a.model_dir);
+  hub::add_hf_added_tokens(tokenizer, a.model_dir);
   tokenizer.add_special_token(data::kImagePlaceholder, p.config.image_token_index);
   p.model->to(device, dtype);
   p.model->eval();

@@ -15,7 +15,7 @@
 #include "mmpost/data/collate.h"
 #include "mmpost/data/loader.h"
 #include "mmpost/data/sft_dataset.h"
-#include "mmpost/io/hf_folder.h"
+#include "mmpost/hub/hf_folder.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/model/generation.h"
 
@@ -107,10 +107,10 @@ int run_generate(GenerateArgs a) {
   }
 
   // ---- model -------------------------------------------------------------------------------
-  auto p = io::load_pretrained(a.model_dir);
+  auto p = hub::load_pretrained(a.model_dir);
   MMPOST_CHECK_USAGE(!p.tokenizer_path.empty(), a.model_dir, ": no tokenizer.model in the folder");
   data::Tokenizer tokenizer(p.tokenizer_path.string());
-  io::add_hf_added_tokens(tokenizer, a.model_dir);
+  hub::add_hf_added_tokens(tokenizer, a.model_dir);
   tokenizer.add_special_token(data::kImagePlaceholder, p.config.image_token_index);
   p.model->to(device, dtype);
   p.model->eval();

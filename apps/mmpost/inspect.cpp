@@ -10,7 +10,7 @@
 
 #include "mmpost/cli_common.h"
 #include "mmpost/core/check.h"
-#include "mmpost/io/hf_folder.h"
+#include "mmpost/hub/hf_folder.h"
 #include "mmpost/io/safetensors.h"
 #include "mmpost/model/hf.h"
 #include "mmpost/model/vlm.h"
@@ -127,7 +127,7 @@ int run_inspect_model(const std::string& dir, bool as_json) {
 /// optional pixel_values [N,3,H,W]) and writes {"logits": [B,T,V] float32} — the parity probe the
 /// transformers round-trip check (scripts/golden/check_roundtrip.py) compares against.
 int run_inspect_forward(const std::string& dir, const std::string& inputs, const std::string& out) {
-  auto p = io::load_pretrained(dir);
+  auto p = hub::load_pretrained(dir);
   auto t = io::load_safetensors(inputs);
   MMPOST_CHECK_USAGE(t.count("input_ids") == 1, inputs, ": needs an input_ids tensor");
   auto ids = t.at("input_ids").to(torch::kInt64);

@@ -22,8 +22,10 @@
 #include "mmpost/data/collate.h"
 #include "mmpost/data/curriculum.h"
 #include "mmpost/data/loader.h"
+#include "mmpost/data/prompt_dataset.h"
+#include "mmpost/hub/hf_folder.h"
+#include "mmpost/hub/reward_model_folder.h"
 #include "mmpost/io/checkpoint.h"
-#include "mmpost/io/hf_folder.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/io/safetensors.h"
 #include "mmpost/model/generation.h"
@@ -32,6 +34,7 @@
 #include "mmpost/train/checkpointing.h"
 #include "mmpost/train/evaluate.h"
 #include "mmpost/train/optimizer.h"
+#include "mmpost/train/rollout.h"
 #include "mmpost/train/run.h"
 
 namespace mmpost::cli {
@@ -39,185 +42,6 @@ namespace fs = std::filesystem;
 using torch::Tensor;
 
 namespace {
-
-/// Prompt records held in memory (the curriculum samples them by index).
-struct PromptPool {
-  std::vector<nlohmann::json> records;
-  std::vector<int64_t> lines, difficulty;
-  std::vector<std::string> references;
-  int64_t n_skipped = 0;
-};
-
-/// A prompt record -> prompt-only sample; records without a final assistant turn get an empty
-/// one so they go through the same validation as eval's.
-data::SftSample make_prompt_sample(nlohmann::json rec, int64_t line, const data::SampleContext& ctx) {
-  if (rec.is_object() && rec.contains("messages") && rec["messages"].is_array() &&
-      !rec["messages"].empty() && rec["messages"].back().value("role", "") != "assistant") {
-    rec["messages"].push_back({{"role", "assistant"}, {"content", ""}});
-  }
-  return data::make_sft_sample(rec, line, ctx, /*prompt_only=*/true);
-}
-
-/// The reference answer: the record's "answer" (string or number), else the <answer> of the final
-/// assistant turn, else that turn's text.
-std::string reference_of(const nlohmann::json& rec, const data::SftSample& s) {
-  if (rec.contains("answer")) {
-    const auto& a = rec["answer"];
-    MMPOST_CHECK_DATA(a.is_string() || a.is_number(), "answer: expected a string or a number, got ",
-                      a.type_name());
-    return s.answer;
-  }
-  return algo::extract_answer(s.reference).value_or(s.reference);
-}
-
-PromptPool load_prompts(const std::string& path, const data::SampleContext& ctx, bool skip_bad,
-                        const std::vector<algo::RewardSpec>& specs) {
-  PromptPool pool;
-  data::SampleContext c = ctx;
-  c.load_images = false;  // schema and length checks now; images are decoded per batch
-  io::JsonlReader reader(path);
-  io::JsonlRecord rec;
-  while (reader.next(rec)) {
-    try {
-      MMPOST_CHECK_DATA(rec.error.empty(), rec.error);
-      auto s = make_prompt_sample(rec.value, rec.line, c);
-      int64_t d = 0;
-      if (rec.value.contains("difficulty")) {
-        MMPOST_CHECK_DATA(rec.value["difficulty"].is_number_integer(), io::location(path, rec.line),
-                          ": difficulty: expected an integer");
-        d = rec.value["difficulty"].get<int64_t>();
-      }
-      std::string ref;
-      try {
-        ref = reference_of(rec.value, s);
-      } catch (const Error& e) {
-        throw Error(e.kind(), io::location(path, rec.line) + ": " + e.message());
-      }
-      for (const auto& spec : specs) {  // a reference a verifier cannot read fails here, located
-        if (spec.kind != algo::RewardKind::kNumericMatch &&
-            spec.kind != algo::RewardKind::kChoiceMatch) {
-          continue;
-        }
-        try {
-          algo::score_one(spec, "", ref, "", 0);
-        } catch (const Error& e) {
-          throw Error(ErrorKind::kData, io::location(path, rec.line) + ": reference \"" + ref +
-                                            "\": " + e.message());
-        }
-      }
-      pool.references.push_back(ref);
-      pool.records.push_back(std::move(rec.value));
-      pool.lines.push_back(rec.line);
-      pool.difficulty.push_back(d);
-    } catch (const Error& e) {
-      if (!skip_bad || e.kind() != ErrorKind::kData) throw;
-      ++pool.n_skipped;
-      log_warn(std::string("rlhf: skipping bad prompt: ") + e.what());
-    }
-  }
-  MMPOST_CHECK_DATA(!pool.records.empty(), path, ": no usable prompts");
-  return pool;
-}
-
-/// Row index that repeats each prompt's block of `counts[i]` items G times (GRPO layout).
-Tensor repeat_index(const std::vector<int64_t>& counts, int64_t G, const torch::Device& device) {
-  std::vector<int64_t> index;
-  int64_t first = 0;
-  for (int64_t c : counts) {
-    for (int64_t g = 0; g < G; ++g) {
-      for (int64_t k = 0; k < c; ++k) index.push_back(first + k);
-    }
-    first += c;
-  }
-  return torch::tensor(index, torch::kInt64).to(device);
-}
-
-/// One generation batch: P prompts x G completions, rows grouped by prompt.
-struct Rollout {
-  int64_t P = 0, G = 0;
-  Tensor prompt_ids, prompt_mask;   // [P*G, Tp] left padded
-  Tensor pixel_values;              // [N, 3, H, W] the P prompts' images once (or undefined)
-  std::vector<int64_t> image_counts;  // [P]
-  Tensor completion;                // [P*G, Tc] sampled ids (pad after the end)
-  Tensor mask;                      // [P*G, Tc] float 1 on completion tokens (EOS/stop included)
-  Tensor old_logps, ref_logps, old_values, returns;  // [P*G, Tc]
-  Tensor advantages;                // [P*G] or [P*G, Tc]
-  std::vector<int64_t> prompt_index;  // [P] pool indices
-};
-
-/// Keeps the prompts `keep` (indices into 0..P-1) of a rollout, with their G rows and images.
-Rollout select_prompts(const Rollout& r, const std::vector<int64_t>& keep) {
-  Rollout o = r;
-  o.P = static_cast<int64_t>(keep.size());
-  std::vector<int64_t> rows, images, firsts;
-  int64_t first = 0;
-  for (int64_t c : r.image_counts) firsts.push_back(first), first += c;
-  o.image_counts.clear();
-  o.prompt_index.clear();
-  for (int64_t p : keep) {
-    for (int64_t g = 0; g < r.G; ++g) rows.push_back(p * r.G + g);
-    for (int64_t k = 0; k < r.image_counts[p]; ++k) images.push_back(firsts[p] + k);
-    o.image_counts.push_back(r.image_counts[p]);
-    o.prompt_index.push_back(r.prompt_index[p]);
-  }
-  auto dev = r.prompt_ids.device();
-  auto ri = torch::tensor(rows, torch::kInt64).to(dev);
-  for (Tensor* t : {&o.prompt_ids, &o.prompt_mask, &o.completion, &o.mask, &o.old_logps,
-                    &o.ref_logps, &o.old_values, &o.returns, &o.advantages}) {
-    if (t->defined()) *t = t->index_select(0, ri);
-  }
-  if (r.pixel_values.defined()) {
-    o.pixel_values = images.empty() ? Tensor()
-                                    : r.pixel_values.index_select(
-                                          0, torch::tensor(images, torch::kInt64).to(dev));
-  }
-  return o;
-}
-
-/// Per-token log-probs (and hidden states, for a value head) of the completions of prompts
-/// [p0, p1) of `r` under `m`: one vision pass per prompt image, features repeated for the G rows.
-struct TokenForward {
-  Tensor logps;    // [rows, Tc] float32, 0 off the mask
-  Tensor hidden;   // [rows, Tc, C] states that predict each completion token
-  Tensor logits;   // [rows, Tc, V] (only when keep_logits)
-};
-TokenForward completion_forward(model::Vlm& m, const Rollout& r, int64_t p0, int64_t p1,
-                                bool keep_logits = false) {
-  const int64_t G = r.G, rows0 = p0 * G, rows = (p1 - p0) * G;
-  Tensor features;
-  int64_t img0 = 0, n_img = 0;
-  for (int64_t p = 0; p < p0; ++p) img0 += r.image_counts[p];
-  std::vector<int64_t> counts(r.image_counts.begin() + p0, r.image_counts.begin() + p1);
-  for (int64_t c : counts) n_img += c;
-  if (n_img > 0) {
-    auto f = m->image_features(r.pixel_values.narrow(0, img0, n_img));  // [n, P, C] once
-    features = f.index_select(0, repeat_index(counts, G, f.device()));
-  }
-  auto comp = r.completion.narrow(0, rows0, rows);
-  auto cmask = r.mask.narrow(0, rows0, rows);
-  auto ids = torch::cat({r.prompt_ids.narrow(0, rows0, rows), comp}, 1);  // [rows, Tp + Tc]
-  auto mask = torch::cat({r.prompt_mask.narrow(0, rows0, rows), cmask.to(torch::kInt64)}, 1);
-  auto h = m->forward_hidden_features(ids, features, mask);  // [rows, Tp + Tc, C]
-  const int64_t Tp = r.prompt_ids.size(1), Tc = comp.size(1);
-  TokenForward out;
-  out.hidden = h.narrow(1, Tp - 1, Tc);  // position Tp-1+t predicts completion token t
-  auto logits = m->logits(out.hidden);   // [rows, Tc, V] float32
-  auto labels = comp.masked_fill(cmask.eq(0), -100);
-  out.logps = algo::selective_log_softmax(logits, labels);
-  if (keep_logits) out.logits = logits;
-  return out;
-}
-
-/// Mean entropy of the policy over completion tokens (no grad): -sum_v p log p per token.
-double mean_entropy(const Tensor& logits, const Tensor& mask) {
-  torch::NoGradGuard no_grad;
-  double total = 0;
-  for (int64_t i = 0; i < logits.size(0); ++i) {
-    auto lp = torch::log_softmax(logits[i], -1);
-    total += (-(lp.exp() * lp).sum(-1) * mask[i]).sum().item<double>();
-  }
-  return total / std::max(1.0, mask.sum().item<double>());
-}
 
 /// L2 norm of the gradients of a module's parameters.
 double grad_norm_of_module(torch::nn::Module& m) {
@@ -228,8 +52,36 @@ double grad_norm_of_module(torch::nn::Module& m) {
   return std::sqrt(sq);
 }
 
-double tensor_std(const Tensor& t) {
-  return t.numel() > 1 ? t.to(torch::kFloat64).std().item<double>() : 0.0;
+/// The recipe's enum-valued rlhf keys, parsed with the algo layer's name tables (the parser, the
+/// error's "valid values" and the help text all read them), plus the checks that need them.
+struct RlhfChoices {
+  algo::RlAlgorithm algorithm;
+  algo::ScaleRewards scale_rewards;
+  algo::PolicyLossType loss_type;
+  algo::ImportanceSamplingLevel importance_sampling_level;
+  algo::KlEstimator kl_estimator;
+};
+
+/// Throws Error(kUsage) naming the recipe key for an unknown name or an inconsistent choice.
+RlhfChoices parse_choices(const config::RlhfSection& rl) {
+  RlhfChoices c{algo::parse_rl_algorithm(rl.algorithm), algo::parse_scale_rewards(rl.scale_rewards),
+                algo::parse_policy_loss_type(rl.loss_type),
+                algo::parse_importance_sampling_level(rl.importance_sampling_level),
+                algo::parse_kl_estimator(rl.kl_estimator)};
+  const bool grouped = c.algorithm != algo::RlAlgorithm::kPpo &&
+                       c.algorithm != algo::RlAlgorithm::kReinforcePp;
+  MMPOST_CHECK_USAGE(!grouped || rl.num_generations >= 2, "rlhf.num_generations: ", rl.algorithm,
+                     " needs >= 2 completions per prompt for its group baseline");
+  MMPOST_CHECK_USAGE(c.kl_estimator != algo::KlEstimator::kFull || !rl.kl_in_reward,
+                     "rlhf.kl_estimator: full is a loss term; it cannot be folded into the reward");
+  return c;
+}
+
+/// load_rlhf_config + parse_choices: a bad name exits 2 before any file is touched.
+config::RlhfConfig load_rlhf(const std::string& recipe, const std::vector<std::string>& sets) {
+  auto cfg = config::load_rlhf_config(recipe, sets);
+  parse_choices(cfg.rlhf);
+  return cfg;
 }
 
 }  // namespace
@@ -242,16 +94,18 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   const torch::Dtype dtype = run.dtype();
   const auto& ckpt = run.checkpoint();
   const auto& rl = cfg.rlhf;
-  const std::string algorithm = rl.algorithm;
-  const bool ppo = algorithm == "ppo";
+  const RlhfChoices choices = parse_choices(rl);
+  const algo::RlAlgorithm algorithm = choices.algorithm;
+  const bool ppo = algorithm == algo::RlAlgorithm::kPpo;
+  const algo::ScaleRewards scale_rewards = choices.scale_rewards;
   const int64_t G = rl.num_generations;
   auto specs = algo::parse_reward_specs(rl.rewards, "rlhf.rewards");
   algo::PolicyLossConfig pcfg;
-  pcfg.loss_type = algo::parse_policy_loss_type(rl.loss_type);
-  pcfg.importance_sampling_level = algo::parse_importance_sampling_level(rl.importance_sampling_level);
+  pcfg.loss_type = choices.loss_type;
+  pcfg.importance_sampling_level = choices.importance_sampling_level;
   pcfg.epsilon = rl.epsilon;
   if (rl.epsilon_high.is_number()) pcfg.epsilon_high = rl.epsilon_high.get<double>();
-  const auto kl_est = algo::parse_kl_estimator(rl.kl_estimator);
+  const auto kl_est = choices.kl_estimator;
   const bool full_kl = kl_est == algo::KlEstimator::kFull;
   const bool kl_loss = rl.beta > 0 && !rl.kl_in_reward;
   pcfg.beta = kl_loss && !full_kl ? rl.beta : 0.0;
@@ -268,7 +122,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   model::Vlm reference{nullptr};
   if (rl.beta > 0) {  // beta = 0 loads no reference model (TRL)
     log_info("rlhf: reference model from " + cfg.model.path);
-    reference = io::load_pretrained(cfg.model.path).model;
+    reference = hub::load_pretrained(cfg.model.path).model;
     reference->to(device, dtype);
     reference->eval();
     for (auto& p : reference->parameters()) p.set_requires_grad(false);
@@ -276,7 +130,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   model::RewardModel reward_model{nullptr};
   if (!rl.reward_model.empty()) {
     log_info("rlhf: reward model from " + rl.reward_model);
-    reward_model = model::load_reward_model(rl.reward_model).model;
+    reward_model = hub::load_reward_model(rl.reward_model).model;
     reward_model->to(device, dtype);
     reward_model->eval();
     for (auto& p : reward_model->parameters()) p.set_requires_grad(false);
@@ -298,7 +152,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   data::SampleContext ctx = make_sample_context(sm, cfg.data, cfg.data.train);
   ctx.template_options.add_generation_prompt = false;
   const bool skip_bad = cfg.data.on_bad_sample == "skip";
-  PromptPool pool = load_prompts(cfg.data.train, ctx, skip_bad, specs);
+  data::PromptPool pool = data::load_prompts(cfg.data.train, ctx, skip_bad, specs);
   data::Curriculum curriculum(curriculum_cfg, data::group_by_difficulty(pool.difficulty),
                               static_cast<uint64_t>(cfg.seed));
   const int64_t B = cfg.train.batch_size;  // prompts per step
@@ -315,7 +169,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   log_info("rlhf: " + std::to_string(pool.records.size()) + " prompts (" +
            std::to_string(pool.n_skipped) + " skipped), " + std::to_string(B) + " prompts x " +
            std::to_string(G) + " completions per step, " + std::to_string(total_steps) +
-           " steps; " + algorithm + ", loss " + rl.loss_type + ", beta " + fmt(rl.beta));
+           " steps; " + rl.algorithm + ", loss " + rl.loss_type + ", beta " + fmt(rl.beta));
 
   if (run.finished(total_steps)) return run.report_already_finished();
 
@@ -386,11 +240,11 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     auto t0 = std::chrono::steady_clock::now();
     const auto picked = curriculum.next_batch(B);
     std::vector<data::SftSample> samples;
-    Rollout r;
+    std::vector<int64_t> prompt_index;
     for (int64_t idx : picked) {
       try {
-        samples.push_back(make_prompt_sample(pool.records[idx], pool.lines[idx], ctx));
-        r.prompt_index.push_back(idx);
+        samples.push_back(data::make_prompt_sample(pool.records[idx], pool.lines[idx], ctx));
+        prompt_index.push_back(idx);
       } catch (const Error& e) {
         if (!skip_bad || e.kind() != ErrorKind::kData) throw;
         ++pool.n_skipped;
@@ -399,34 +253,13 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     }
     MMPOST_CHECK_DATA(!samples.empty(), cfg.data.train, ": every prompt of step ", state.step + 1,
                       " was bad");
-    r.P = static_cast<int64_t>(samples.size());
-    r.G = G;
-    auto pb = data::collate_prompts(samples, pad_id).to(device, dtype);
-    for (const auto& s : samples) {
-      r.image_counts.push_back(s.pixel_values.defined() ? s.pixel_values.size(0) : 0);
-    }
-    r.pixel_values = pb.pixel_values;
-    auto rep = model::repeat_interleave_batch(pb.input_ids, pb.attention_mask, pb.pixel_values,
-                                              r.image_counts, G);
-    r.prompt_ids = rep.input_ids;
-    r.prompt_mask = rep.attention_mask;
     gen.seed = data::sample_seed(static_cast<uint64_t>(cfg.seed), 0, state.step);
-    model->eval();
-    model::GenerationOutput go;
-    {
-      torch::NoGradGuard no_grad;
-      go = model::generate(model, rep.input_ids, rep.attention_mask, rep.pixel_values, gen);
-    }
-    model->train();
-    const int64_t N = r.P * G, Tc = go.sequences.size(1);
-    r.completion = go.sequences;
-    auto lengths = go.lengths.to(device);
-    r.mask = (torch::arange(Tc, device).unsqueeze(0) < lengths.unsqueeze(1)).to(torch::kFloat32);
-    r.old_logps = go.logps.to(torch::kFloat32) * r.mask;
-    auto truncated = go.truncated.cpu();
+    train::Rollout r = train::sample_rollout(model, samples, std::move(prompt_index), G, gen,
+                                             pad_id, device, dtype);
+    const int64_t N = r.P * G;
+    const Tensor lens = r.lengths, truncated = r.truncated;  // CPU, before any group filter
     // Decode and score.
-    auto seqs = go.sequences.cpu();
-    auto lens = go.lengths.cpu();
+    auto seqs = r.completion.cpu();
     std::vector<std::string> texts, refs, prompts;
     std::vector<int64_t> n_tokens;
     data::TemplateOptions prompt_opts = ctx.template_options;
@@ -452,13 +285,13 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     if (reward_model) {
       auto ids = torch::cat({r.prompt_ids, r.completion}, 1);
       auto mask = torch::cat({r.prompt_mask, r.mask.to(torch::kInt64)}, 1);
-      auto rm = reward_model->forward(ids, rep.pixel_values, mask).to(torch::kFloat32).cpu();
+      auto rm = reward_model->forward(ids, r.row_pixel_values, mask).to(torch::kFloat32).cpu();
       window.add("rewards/reward_model/mean", rm.mean().item<double>());
       rewards = rewards + rl.reward_model_weight * rm;
     }
     for (size_t k = 0; k < scores.names.size(); ++k) {
       window.add("rewards/" + scores.names[k] + "/mean", scores.values[k].mean().item<double>());
-      window.add("rewards/" + scores.names[k] + "/std", tensor_std(scores.values[k]));
+      window.add("rewards/" + scores.names[k] + "/std", train::std_of(scores.values[k]));
     }
     // Pass rates per prompt (curriculum and logs).
     Tensor passed = specs.empty() ? (rewards > 0).to(torch::kFloat32)
@@ -469,41 +302,45 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     }
     window.add("pass_rate", passed.mean().item<double>());
     if (reference) {
-      r.ref_logps = completion_forward(reference, r, 0, r.P).logps * r.mask;
+      r.ref_logps = train::completion_forward(reference, r, 0, r.P).logps * r.mask;
       auto kl = algo::per_token_kl(r.old_logps, r.ref_logps,
                                    full_kl ? algo::KlEstimator::kK3 : kl_est);
       const double kl_mean = ((kl * r.mask).sum() / r.mask.sum().clamp_min(1)).item<double>();
       window.add("kl", kl_mean);
-      if (rl.kl_in_reward && !ppo && algorithm != "reinforce_pp") {
+      if (rl.kl_in_reward && !ppo && algorithm != algo::RlAlgorithm::kReinforcePp) {
         rewards = rewards - rl.beta * (kl * r.mask).sum(1).cpu();  // sequence KL penalty
       }
     }
     window.add("reward", rewards.mean().item<double>());
-    window.add("reward_std", tensor_std(rewards));
+    window.add("reward_std", train::std_of(rewards));
     // Advantages.
     auto rewards_dev = rewards.to(device);
-    algo::GroupAdvantages ga;
-    if (algorithm == "grpo" || algorithm == "rloo") {
-      ga = algorithm == "grpo"
-               ? algo::grpo_advantages(rewards_dev, G, algo::parse_scale_rewards(rl.scale_rewards))
-               : algo::rloo_advantages(rewards_dev, G);
-      r.advantages = ga.advantages;
-    } else if (algorithm == "reinforce_pp_baseline") {
-      r.advantages = algo::reinforce_pp_baseline_advantages(rewards_dev, G, r.mask);
-    } else {
+    auto token_rewards = [&] {  // per-token rewards with the KL penalty (REINFORCE++, PPO)
       auto ref = r.ref_logps.defined() ? r.ref_logps : r.old_logps;
       const double kl_coef = rl.kl_in_reward || ppo ? rl.beta : 0.0;
-      auto token_rewards = algo::kl_penalized_rewards(r.old_logps, ref, rewards_dev, r.mask,
-                                                      kl_coef, full_kl ? algo::KlEstimator::kK1
-                                                                       : kl_est);
-      if (ppo) {
-        auto fwd = completion_forward(model, r, 0, r.P);
+      return algo::kl_penalized_rewards(r.old_logps, ref, rewards_dev, r.mask, kl_coef,
+                                        full_kl ? algo::KlEstimator::kK1 : kl_est);
+    };
+    switch (algorithm) {
+      case algo::RlAlgorithm::kGrpo:
+        r.advantages = algo::grpo_advantages(rewards_dev, G, scale_rewards).advantages;
+        break;
+      case algo::RlAlgorithm::kRloo:
+        r.advantages = algo::rloo_advantages(rewards_dev, G).advantages;
+        break;
+      case algo::RlAlgorithm::kReinforcePpBaseline:
+        r.advantages = algo::reinforce_pp_baseline_advantages(rewards_dev, G, r.mask);
+        break;
+      case algo::RlAlgorithm::kReinforcePp:
+        r.advantages = algo::reinforce_pp_advantages(token_rewards(), r.mask, rl.gamma).first;
+        break;
+      case algo::RlAlgorithm::kPpo: {
+        auto fwd = train::completion_forward(model, r, 0, r.P);
         r.old_values = value_head(fwd.hidden).squeeze(-1).to(torch::kFloat32) * r.mask;
-        auto [adv, returns] = algo::gae(token_rewards, r.old_values, r.mask, rl.gamma, rl.lam);
+        auto [adv, returns] = algo::gae(token_rewards(), r.old_values, r.mask, rl.gamma, rl.lam);
         r.advantages = rl.whiten_advantages ? algo::masked_whiten(adv, r.mask) * r.mask : adv;
         r.returns = returns;
-      } else {
-        r.advantages = algo::reinforce_pp_advantages(token_rewards, r.mask, rl.gamma).first;
+        break;
       }
     }
     if (G > 1) {  // groups whose rewards are exactly equal carry no signal (advantage 0)
@@ -515,14 +352,14 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
                         ? (r.advantages * r.mask).sum(1) / r.mask.sum(1).clamp_min(1)
                         : r.advantages;
     window.add("advantages/mean", adv_rows.mean().item<double>());
-    window.add("advantages/std", tensor_std(adv_rows));
+    window.add("advantages/std", train::std_of(adv_rows));
     window.add("advantages/min", adv_rows.min().item<double>());
     window.add("advantages/max", adv_rows.max().item<double>());
     window.add("completions/mean_length", lens.to(torch::kFloat64).mean().item<double>());
     window.add("completions/max_length", lens.max().item<double>());
     window.add("completions/clipped_ratio", truncated.to(torch::kFloat64).mean().item<double>());
     if (rl.mask_truncated_completions) {
-      r.mask = r.mask * (~go.truncated.to(device)).to(torch::kFloat32).unsqueeze(1);
+      r.mask = r.mask * (~truncated.to(device)).to(torch::kFloat32).unsqueeze(1);
     }
     if (rl.filter_zero_std_groups && G > 1) {
       auto kept_rows = algo::filter_zero_std_groups(rewards, G);
@@ -530,7 +367,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
       auto kr = kept_rows.cpu();
       for (int64_t i = 0; i < kr.size(0); i += G) keep.push_back(kr[i].item<int64_t>() / G);
       window.add("filtered_groups", static_cast<double>(r.P - static_cast<int64_t>(keep.size())));
-      r = select_prompts(r, keep);
+      r = train::select_prompts(r, keep);
     }
     const double rollout_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -553,7 +390,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
           const int64_t p0 = r.P * k / n_micro, p1 = r.P * (k + 1) / n_micro;
           const int64_t rows0 = p0 * G, rows = (p1 - p0) * G;
           torch::AutoGradMode grad_on(true);
-          auto fwd = completion_forward(model, r, p0, p1, /*keep_logits=*/true);
+          auto fwd = train::completion_forward(model, r, p0, p1, /*keep_logits=*/true);
           auto mask = r.mask.narrow(0, rows0, rows);
           auto old = rl.num_iterations == 1 ? fwd.logps.detach()
                                             : r.old_logps.narrow(0, rows0, rows);
@@ -564,7 +401,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
           auto loss = po.loss;
           if (kl_loss && full_kl) {  // exact KL over the vocabulary as a loss term
             torch::NoGradGuard ng;
-            auto ref_logits = completion_forward(reference, r, p0, p1, true).logits;
+            auto ref_logits = train::completion_forward(reference, r, p0, p1, true).logits;
             torch::AutoGradMode on(true);
             auto kl = algo::full_kl(fwd.logits, ref_logits);
             auto kl_mean = (kl * mask).sum() / mask.sum().clamp_min(1);
@@ -590,7 +427,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
           if (po.kl.defined()) window.add("kl_loss_term", po.kl.item<double>());
           auto diff = (fwd.logps.detach() - r.old_logps.narrow(0, rows0, rows)) * mask;
           window.add("approx_kl", (0.5 * diff.pow(2).sum() / mask.sum().clamp_min(1)).item<double>());
-          window.add("entropy", mean_entropy(fwd.logits, mask));
+          window.add("entropy", train::mean_entropy(fwd.logits, mask));
           update_tokens += mask.sum().item<double>();
         }
         window.add("grad_norm/vision_tower", grad_norm_of_module(*model->vision_tower));
@@ -646,7 +483,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
 Stage setup_rlhf(CLI::App& app) {
   return training_stage<config::RlhfConfig>(
       app, "rlhf", "online RL (GRPO, RLOO, REINFORCE++, PPO) with verifiable and learned rewards",
-      config::load_rlhf_config, run_rlhf);
+      load_rlhf, run_rlhf);
 }
 
 }  // namespace mmpost::cli

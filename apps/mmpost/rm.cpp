@@ -3,8 +3,8 @@
 // per-record "margin". The stage is the loop: setup -> model + head -> data -> optimizer ->
 // resume -> loop -> final save. Each micro-batch is one concatenated forward (chosen rows on
 // rejected rows, one vision pass per image); the loss is algo::bradley_terry_loss (TRL
-// RewardTrainer). The output folder is a reward-model folder (model/reward_model.h) that
-// `mmpost rlhf` loads with model::load_reward_model.
+// RewardTrainer). The output folder is a reward-model folder (hub/reward_model_folder.h) that
+// `mmpost rlhf` loads with hub::load_reward_model.
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -19,6 +19,7 @@
 #include "mmpost/core/signals.h"
 #include "mmpost/data/loader.h"
 #include "mmpost/data/preference_dataset.h"
+#include "mmpost/hub/reward_model_folder.h"
 #include "mmpost/io/checkpoint.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/model/reward_model.h"
@@ -156,8 +157,8 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
   auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rm");
   model::RewardModel rm(sm.model);  // score ~ N(0, 0.02^2), seeded by Run
   const fs::path head_src = ckpt ? *ckpt : fs::path(cfg.model.path);
-  if (ckpt || model::has_reward_head(head_src)) {
-    model::load_reward_head(rm, head_src);
+  if (ckpt || hub::has_reward_head(head_src)) {
+    hub::load_reward_head(rm, head_src);
     log_info("rm: score head from " + head_src.string());
   } else {
     log_info("rm: new score head Linear(" +

@@ -20,7 +20,7 @@
 #include "mmpost/data/collate.h"
 #include "mmpost/data/loader.h"
 #include "mmpost/io/checkpoint.h"
-#include "mmpost/io/hf_folder.h"
+#include "mmpost/hub/hf_folder.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/train/checkpointing.h"
 #include "mmpost/train/evaluate.h"

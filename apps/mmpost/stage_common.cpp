@@ -8,7 +8,7 @@
 #include "mmpost/core/device.h"
 #include "mmpost/core/log.h"
 #include "mmpost/data/chat_template.h"
-#include "mmpost/io/hf_folder.h"
+#include "mmpost/hub/hf_folder.h"
 
 namespace mmpost::cli {
 namespace fs = std::filesystem;
@@ -64,7 +64,7 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   if (ckpt || !m.path.empty()) {
     sm.source = ckpt ? *ckpt : fs::path(m.path);
     log_info(stage + ": loading model from " + sm.source.string());
-    auto p = io::load_pretrained(sm.source);
+    auto p = hub::load_pretrained(sm.source);
     sm.model = p.model;
     if (sm.tokenizer_path.empty() || ckpt) sm.tokenizer_path = p.tokenizer_path;
     if (fs::is_regular_file(sm.source / "preprocessor_config.json")) sm.image = p.image;
@@ -77,7 +77,7 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
                      "\n  hint: set model.tokenizer to a sentencepiece model");
   sm.tokenizer = std::make_unique<data::Tokenizer>(sm.tokenizer_path.string());
   if (!sm.source.empty() && sm.tokenizer_path.parent_path() == sm.source) {
-    io::add_hf_added_tokens(*sm.tokenizer, sm.source);  // e.g. llava-hf's <image> 32000
+    hub::add_hf_added_tokens(*sm.tokenizer, sm.source);  // e.g. llava-hf's <image> 32000
   }
   sm.tokenizer->add_special_token(data::kImagePlaceholder, mcfg.image_token_index);
   MMPOST_CHECK_USAGE(sm.tokenizer->vocab_size() <= mcfg.text_config.vocab_size, "tokenizer ",

@@ -1,4 +1,4 @@
-// End-to-end: `mmpost generate` on a tiny random model folder (written with io::save_pretrained,
+// End-to-end: `mmpost generate` on a tiny random model folder (written with hub::save_pretrained,
 // no training needed). JSONL on stdout, one object per completion in grouped order; seeded runs
 // repeat; --stop ends completions at the stop text; `| head -1` exits quietly; bad data exits 3
 // naming FILE:LINE and bad flags exit 2.
@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "catch.h"
-#include "mmpost/io/hf_folder.h"
+#include "mmpost/hub/hf_folder.h"
 #include "mmpost/model/config.h"
 #include "test_util.h"
 
@@ -58,7 +58,7 @@ void write_tiny_model(const fs::path& dir) {
   image.image_mean = {0.5, 0.5, 0.5};
   image.image_std = {0.5, 0.5, 0.5};
   image.interpolation = "area";
-  mmpost::io::save_pretrained(dir, model,
+  mmpost::hub::save_pretrained(dir, model,
                               fs::path(MMPOST_SOURCE_DIR) / "data/tokenizer/tokenizer.model",
                               image);
 }

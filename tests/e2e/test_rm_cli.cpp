@@ -1,6 +1,6 @@
 // End-to-end: `mmpost rm` on a tiny SFT model and digit preference pairs (chosen = the digit the
 // image shows, rejected = another digit). Every seed overfits 8 pairs to pairwise accuracy 1.0 (an
-// invariant, not a threshold on a trajectory), the final folder is a reward model that model::load_reward_model reads back and that scores the
+// invariant, not a threshold on a trajectory), the final folder is a reward model that hub::load_reward_model reads back and that scores the
 // pairs exactly as the run's own final eval did, and checkpoints carry the score head.
 #include <sys/wait.h>
 
@@ -10,6 +10,7 @@
 
 #include "catch.h"
 #include "mmpost/data/preference_dataset.h"
+#include "mmpost/hub/reward_model_folder.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/model/reward_model.h"
 #include "mmpost/stage_common.h"
@@ -121,12 +122,12 @@ TEST_CASE("rm trains a reward model on digit pairs and the folder loads back", "
   CHECK(final_eval["eval/accuracy"].get<double>() == 1.0);
 
   // Folder format; checkpoints carry the head.
-  CHECK(fs::exists(out / model::kRewardHeadFile));
-  CHECK(fs::exists(out / "step_000075" / model::kRewardHeadFile));
+  CHECK(fs::exists(out / hub::kRewardHeadFile));
+  CHECK(fs::exists(out / "step_000075" / hub::kRewardHeadFile));
   CHECK(fs::exists(out / "step_000150" / "DONE"));
 
   // load_reward_model gives the rewards the run's final eval saw.
-  auto loaded = model::load_reward_model(out);
+  auto loaded = hub::load_reward_model(out);
   config::ModelSection ms;
   ms.path = out.string();
   auto sm = cli::load_stage_model(ms, config::ImageSection{}, std::nullopt, torch::kCPU,
@@ -172,7 +173,7 @@ TEST_CASE("rm resume: 2 steps + resume + 2 steps equals 4 straight steps (head i
   INFO(b2.err);
   REQUIRE(b2.code == 0);
   CHECK(b2.err.find("resumed from") != std::string::npos);
-  for (const char* f : {"model.safetensors", model::kRewardHeadFile}) {
+  for (const char* f : {"model.safetensors", hub::kRewardHeadFile}) {
     INFO(f);
     CHECK(testing::read_all(tmp.path / "a" / f) == testing::read_all(tmp.path / "b" / f));
   }

@@ -1,7 +1,7 @@
 // Parity of mmpost's preprocessing with transformers' LlavaProcessor: the fixture written by
 // scripts/golden/make_processor_fixture.py (HF tokenizer files, preprocessor/processor configs,
 // two real PNGs, expected.safetensors) is rebuilt from case.json's messages through Tokenizer +
-// io::add_hf_added_tokens + encode_conversation, and load_image_rgb + resize_for_model +
+// hub::add_hf_added_tokens + encode_conversation, and load_image_rgb + resize_for_model +
 // to_pixel_values with the Pillow-exact bicubic. Token ids and labels must be identical.
 #include <filesystem>
 #include <fstream>
@@ -11,7 +11,7 @@
 #include "mmpost/data/chat_template.h"
 #include "mmpost/data/image.h"
 #include "mmpost/data/tokenizer.h"
-#include "mmpost/io/hf_folder.h"
+#include "mmpost/hub/hf_folder.h"
 #include "mmpost/io/safetensors.h"
 
 using namespace mmpost;
@@ -52,7 +52,7 @@ TEST_CASE("token ids, labels and pixel_values match transformers' LlavaProcessor
 
   // Tokenizer: sentencepiece model + the HF added tokens (<image> = 400, <pad> = 401).
   Tokenizer tok((kDir / "tokenizer.model").string());
-  io::add_hf_added_tokens(tok, kDir);
+  hub::add_hf_added_tokens(tok, kDir);
   const int64_t image_token_id = tok.piece_to_id(kImagePlaceholder);
   CHECK(image_token_id == meta["tokenizer"]["image_token_id"].get<int64_t>());
   CHECK(tok.pad_id() == meta["tokenizer"]["pad_token_id"].get<int64_t>());
@@ -122,7 +122,7 @@ TEST_CASE("added tokens from a transformers 4.x tokenizer_config.json", "[unit][
       "400": {"content": "<image>", "special": true}, "401": {"content": "<pad>", "special": true}},
     "pad_token": {"content": "<pad>", "lstrip": false}})");
   Tokenizer tok((kDir / "tokenizer.model").string());
-  io::add_hf_added_tokens(tok, dir);
+  hub::add_hf_added_tokens(tok, dir);
   CHECK(tok.piece_to_id("<image>") == 400);
   CHECK(tok.pad_id() == 401);
   CHECK(tok.vocab_size() == 402);
@@ -130,7 +130,7 @@ TEST_CASE("added tokens from a transformers 4.x tokenizer_config.json", "[unit][
   CHECK(tok.decode({1, 400, 2}) == "<image>");  // </s> stays the model's control token
   // An id that contradicts the sentencepiece model names the file.
   write_cfg(R"({"added_tokens_decoder": {"7": {"content": "▁the"}}})");
-  CHECK_THROWS_WITH(io::add_hf_added_tokens(tok, dir),
+  CHECK_THROWS_WITH(hub::add_hf_added_tokens(tok, dir),
                     HasSubstr("tokenizer_config.json") && HasSubstr("▁the"));
   fs::remove_all(dir);
 }

@@ -34,7 +34,7 @@ std::vector<std::vector<int64_t>> label_runs(const std::vector<int64_t>& labels)
   std::vector<std::vector<int64_t>> runs;
   bool in = false;
   for (int64_t l : labels) {
-    if (l == kIgnoreIndex) {
+    if (l == algo::kIgnoreIndex) {
       in = false;
       continue;
     }
@@ -83,13 +83,13 @@ TEST_CASE("label mask on a hand-written two-turn sample", "[unit][data]") {
   REQUIRE(enc.input_ids.size() == enc.labels.size());
   CHECK(enc.n_images == 1);
   CHECK(enc.input_ids[0] == 1);  // BOS, unsupervised
-  CHECK(enc.labels[0] == kIgnoreIndex);
+  CHECK(enc.labels[0] == algo::kIgnoreIndex);
   // Exactly 3 image tokens, all unsupervised.
   int64_t n_img = 0;
   for (size_t i = 0; i < enc.input_ids.size(); ++i) {
     if (enc.input_ids[i] == 4) {
       ++n_img;
-      CHECK(enc.labels[i] == kIgnoreIndex);
+      CHECK(enc.labels[i] == algo::kIgnoreIndex);
     }
   }
   CHECK(n_img == 3);

@@ -52,7 +52,7 @@ TEST_CASE("preference sample: prompt + completion equals the SFT encoding", "[un
   CHECK(joined == full.input_ids);
   // The prompt is everything up to the first supervised label ("ASSISTANT:" included).
   size_t first_label = 0;
-  while (full.labels[first_label] == kIgnoreIndex) ++first_label;
+  while (full.labels[first_label] == algo::kIgnoreIndex) ++first_label;
   CHECK(s.prompt_ids.size() == first_label);
   CHECK(s.chosen_labels == s.chosen_ids);  // the reply and its EOS, all supervised
   CHECK(s.chosen_ids.back() == tok.eos_id());

@@ -7,7 +7,8 @@
 #include "catch.h"
 #include "mmpost/algo/reward_loss.h"
 #include "mmpost/core/check.h"
-#include "mmpost/io/hf_folder.h"
+#include "mmpost/hub/hf_folder.h"
+#include "mmpost/hub/reward_model_folder.h"
 #include "mmpost/model/reward_model.h"
 #include "test_util.h"
 
@@ -16,21 +17,7 @@ using namespace mmpost;
 namespace {
 
 // Tiny LLaVA text side (no images needed here): C = 32, 1 layer, GQA 4:2.
-model::VlmConfig tiny_config() {
-  model::VlmConfig c;
-  c.vision_config = {.hidden_size = 16, .intermediate_size = 32, .num_hidden_layers = 1,
-                     .num_attention_heads = 2, .image_size = 16, .patch_size = 8};
-  c.text_config.vocab_size = 64;
-  c.text_config.hidden_size = 32;
-  c.text_config.intermediate_size = 48;
-  c.text_config.num_hidden_layers = 1;
-  c.text_config.num_attention_heads = 4;
-  c.text_config.num_key_value_heads = 2;
-  c.text_config.head_dim = 8;
-  c.text_config.max_position_embeddings = 64;
-  c.image_token_index = 63;
-  return c;
-}
+model::VlmConfig tiny_config() { return testing::tiny_vlm_config(64, 63); }
 
 double sp(double x) { return std::log1p(std::exp(x)); }  // -log sigmoid(-x)
 
@@ -106,15 +93,15 @@ TEST_CASE("reward model folder: save, load, same rewards; a plain VLM is refused
   torch::manual_seed(1);
   model::RewardModel rm(model::build_vlm(tiny_config()), /*init_std=*/0.5);
   rm->eval();
-  model::save_reward_model(tmp.path / "rm", rm, {}, data::ImageProcessorConfig{});
-  CHECK(std::filesystem::exists(tmp.path / "rm" / model::kRewardHeadFile));
+  hub::save_reward_model(tmp.path / "rm", rm, {}, data::ImageProcessorConfig{});
+  CHECK(std::filesystem::exists(tmp.path / "rm" / hub::kRewardHeadFile));
   auto cfg = nlohmann::json::parse(testing::read_all(tmp.path / "rm" / "config.json"));
   CHECK(cfg["num_labels"] == 1);
-  CHECK(cfg["mmpost_reward_model"]["head"] == model::kRewardHeadFile);
+  CHECK(cfg["mmpost_reward_model"]["head"] == hub::kRewardHeadFile);
   // The folder is still a plain VLM folder for VLM loaders (the head is ignored there).
-  CHECK_NOTHROW(io::load_pretrained(tmp.path / "rm"));
+  CHECK_NOTHROW(hub::load_pretrained(tmp.path / "rm"));
 
-  auto loaded = model::load_reward_model(tmp.path / "rm");
+  auto loaded = hub::load_reward_model(tmp.path / "rm");
   auto ids = torch::tensor({{1, 7, 9, 11, 2, 0}, {1, 3, 4, 5, 6, 2}}, torch::kLong);
   auto mask = torch::tensor({{1, 1, 1, 1, 1, 0}, {1, 1, 1, 1, 1, 1}}, torch::kLong);
   torch::NoGradGuard no_grad;
@@ -122,9 +109,9 @@ TEST_CASE("reward model folder: save, load, same rewards; a plain VLM is refused
   CHECK(torch::allclose(a, b, /*rtol=*/0, /*atol=*/1e-6));
   CHECK(torch::equal(rm->score->weight, loaded.model->score->weight));
 
-  io::save_pretrained(tmp.path / "vlm", rm->model, {}, data::ImageProcessorConfig{});
+  hub::save_pretrained(tmp.path / "vlm", rm->model, {}, data::ImageProcessorConfig{});
   try {
-    model::load_reward_model(tmp.path / "vlm");
+    hub::load_reward_model(tmp.path / "vlm");
     FAIL("expected an error");
   } catch (const Error& e) {
     CHECK(e.kind() == ErrorKind::kUsage);

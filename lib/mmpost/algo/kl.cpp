@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "mmpost/core/check.h"
+#include "mmpost/core/names.h"
 
 namespace mmpost::algo {
 namespace {
@@ -65,23 +66,13 @@ struct FullKlFunction : public torch::autograd::Function<FullKlFunction> {
 }  // namespace
 
 KlEstimator parse_kl_estimator(const std::string& name) {
-  for (const auto& [e, n] : kNames)
-    if (name == n) return e;
-  throw Error(ErrorKind::kUsage, "unknown kl estimator '" + name + "'",
-              "valid kl estimators: " + kl_estimator_names());
+  return parse_name(kNames, name, "rlhf.kl_estimator");
 }
 
-std::string to_string(KlEstimator estimator) {
-  for (const auto& [e, n] : kNames)
-    if (e == estimator) return n;  // the first name of each estimator is the canonical one
-  TORCH_CHECK(false, "unhandled KlEstimator");
-}
+// The first name of each estimator is the canonical one (name_of returns the first match).
+std::string to_string(KlEstimator estimator) { return name_of(kNames, estimator); }
 
-std::string kl_estimator_names() {
-  std::string s;
-  for (const auto& [e, n] : kNames) s += (s.empty() ? "" : ", ") + std::string(n);
-  return s;
-}
+std::string kl_estimator_names() { return names_of(kNames); }
 
 torch::Tensor per_token_kl(const torch::Tensor& logps, const torch::Tensor& ref_logps,
                            KlEstimator estimator) {

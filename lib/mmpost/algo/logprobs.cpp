@@ -13,7 +13,7 @@ std::pair<torch::Tensor, torch::Tensor> shift_for_causal_lm(const torch::Tensor&
 }
 
 torch::Tensor selective_log_softmax(const torch::Tensor& logits, const torch::Tensor& labels) {
-  auto mask = labels.ne(-100);
+  auto mask = labels.ne(kIgnoreIndex);
   auto safe = labels.masked_fill(~mask, 0);
   // Loop over the batch dimension so only one row's float32 copy exists at a time.
   std::vector<torch::Tensor> rows;
@@ -33,7 +33,7 @@ std::pair<torch::Tensor, torch::Tensor> sequence_logps(const torch::Tensor& logi
                                                        const torch::Tensor& labels) {
   auto [lg, lb] = shift_for_causal_lm(logits, labels);
   auto per_token = selective_log_softmax(lg, lb);  // [B, T-1]
-  auto n = lb.ne(-100).sum(/*dim=*/-1).to(torch::kFloat32);
+  auto n = lb.ne(kIgnoreIndex).sum(/*dim=*/-1).to(torch::kFloat32);
   return {per_token.sum(/*dim=*/-1), n};
 }
 
@@ -41,7 +41,7 @@ TokenStats token_stats(const torch::Tensor& logits, const torch::Tensor& labels,
                        bool with_log_sum_sq) {
   auto [lg, lb] = shift_for_causal_lm(logits, labels);  // [R, T-1, V], [R, T-1]
   TokenStats s;
-  s.mask = lb.ne(-100);
+  s.mask = lb.ne(kIgnoreIndex);
   auto safe = lb.masked_fill(~s.mask, 0);
   std::vector<torch::Tensor> logps, sum_sq, logit_sums;
   for (int64_t i = 0; i < lg.size(0); ++i) {

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "mmpost/core/check.h"
+#include "mmpost/core/names.h"
 
 namespace mmpost::algo {
 namespace {
@@ -27,27 +28,12 @@ const std::pair<PolicyLossType, const char*> kLossNames[] = {
 const std::pair<ImportanceSamplingLevel, const char*> kLevelNames[] = {
     {ImportanceSamplingLevel::kToken, "token"}, {ImportanceSamplingLevel::kSequence, "sequence"}};
 
-template <typename E, size_t N>
-std::string names_of(const std::pair<E, const char*> (&table)[N]) {
-  std::string s;
-  for (const auto& [e, n] : table) s += (s.empty() ? "" : ", ") + std::string(n);
-  return s;
-}
-
-template <typename E, size_t N>
-E parse_name(const std::pair<E, const char*> (&table)[N], const std::string& name, const char* what) {
-  for (const auto& [e, n] : table)
-    if (name == n) return e;
-  throw Error(ErrorKind::kUsage, std::string("unknown ") + what + " '" + name + "'",
-              std::string("valid values: ") + names_of(table));
-}
-
-template <typename E, size_t N>
-std::string name_of(const std::pair<E, const char*> (&table)[N], E value) {
-  for (const auto& [e, n] : table)
-    if (e == value) return n;
-  TORCH_CHECK(false, "unhandled enum value");
-}
+const std::pair<RlAlgorithm, const char*> kAlgorithmNames[] = {
+    {RlAlgorithm::kGrpo, "grpo"},
+    {RlAlgorithm::kRloo, "rloo"},
+    {RlAlgorithm::kReinforcePp, "reinforce_pp"},
+    {RlAlgorithm::kReinforcePpBaseline, "reinforce_pp_baseline"},
+    {RlAlgorithm::kPpo, "ppo"}};
 
 /// TRL's nanstd over `dim` (or all elements when dim < 0): sqrt(nanmean((x - nanmean x)^2) *
 /// n / (n - 1)), NaN when n <= 1. TRL forms the Bessel factor from integer counts, i.e. in the
@@ -107,19 +93,25 @@ torch::Tensor nan_extreme(const torch::Tensor& x, bool max) {
 
 }  // namespace
 
+RlAlgorithm parse_rl_algorithm(const std::string& name) {
+  return parse_name(kAlgorithmNames, name, "rlhf.algorithm");
+}
+std::string to_string(RlAlgorithm a) { return name_of(kAlgorithmNames, a); }
+std::string rl_algorithm_names() { return names_of(kAlgorithmNames, " | "); }
+
 ScaleRewards parse_scale_rewards(const std::string& name) {
-  return parse_name(kScaleNames, name, "scale_rewards");
+  return parse_name(kScaleNames, name, "rlhf.scale_rewards");
 }
 std::string to_string(ScaleRewards scale) { return name_of(kScaleNames, scale); }
 
 PolicyLossType parse_policy_loss_type(const std::string& name) {
-  return parse_name(kLossNames, name, "policy loss type");
+  return parse_name(kLossNames, name, "rlhf.loss_type");
 }
 std::string to_string(PolicyLossType type) { return name_of(kLossNames, type); }
 std::string policy_loss_type_names() { return names_of(kLossNames); }
 
 ImportanceSamplingLevel parse_importance_sampling_level(const std::string& name) {
-  return parse_name(kLevelNames, name, "importance_sampling_level");
+  return parse_name(kLevelNames, name, "rlhf.importance_sampling_level");
 }
 std::string to_string(ImportanceSamplingLevel level) { return name_of(kLevelNames, level); }
 

@@ -18,6 +18,21 @@ namespace mmpost::algo {
 // (rows g*G .. g*G+G-1), as TRL lays them out. NaN marks an unscorable completion (every reward
 // function returned None in TRL): it is left out of means and stds and gets advantage 0.
 
+/// The advantage estimator of `mmpost rlhf` (recipe key rlhf.algorithm).
+enum class RlAlgorithm {
+  kGrpo,                 // group-normalized rewards (DeepSeekMath, arXiv:2402.03300, Eq. 3)
+  kRloo,                 // leave-one-out baseline (Ahmadian et al., arXiv:2402.14740, Eq. 6)
+  kReinforcePp,          // REINFORCE++: discounted token returns, batch-whitened (arXiv:2501.03262)
+  kReinforcePpBaseline,  // REINFORCE++ with the group mean as baseline
+  kPpo,                  // PPO with GAE on a value head (Schulman et al. 2017; arXiv:1506.02438)
+};
+/// "grpo" | "rloo" | "reinforce_pp" | "reinforce_pp_baseline" | "ppo". Throws Error(kUsage)
+/// naming rlhf.algorithm and listing them.
+RlAlgorithm parse_rl_algorithm(const std::string& name);
+std::string to_string(RlAlgorithm algorithm);
+/// The valid names, "grpo | rloo | ..." (help text).
+std::string rl_algorithm_names();
+
 /// GRPO reward scaling; names are TRL's `scale_rewards` strings.
 enum class ScaleRewards { kGroup, kBatch, kNone };
 /// "group" | "batch" | "none". Throws Error(kUsage) listing them.

@@ -1,6 +1,7 @@
 // SFT cross-entropy (see sft_loss.h).
 #include "mmpost/algo/sft_loss.h"
 
+#include "mmpost/algo/ignore_index.h"
 #include "mmpost/algo/logprobs.h"
 #include "mmpost/core/check.h"
 
@@ -11,11 +12,12 @@ torch::Tensor sft_loss_sum(const torch::Tensor& logits, const torch::Tensor& lab
   auto v = lg.size(-1);
   return torch::nn::functional::cross_entropy(
       lg.reshape({-1, v}).to(torch::kFloat32), lb.reshape({-1}),
-      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(-100).reduction(torch::kSum));
+      torch::nn::functional::CrossEntropyFuncOptions().ignore_index(kIgnoreIndex).reduction(
+          torch::kSum));
 }
 
 int64_t n_supervised_targets(const torch::Tensor& labels) {
-  return labels.narrow(1, 1, labels.size(1) - 1).ne(-100).sum().item<int64_t>();
+  return labels.narrow(1, 1, labels.size(1) - 1).ne(kIgnoreIndex).sum().item<int64_t>();
 }
 
 torch::Tensor sft_loss_mean(const torch::Tensor& logits, const torch::Tensor& labels) {

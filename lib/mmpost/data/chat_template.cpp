@@ -53,7 +53,7 @@ EncodedConversation encode_conversation(const std::vector<Message>& messages,
   }
   EncodedConversation out;
   out.input_ids.push_back(tokenizer.bos_id());
-  out.labels.push_back(kIgnoreIndex);
+  out.labels.push_back(algo::kIgnoreIndex);
   bool first_text = true;
   for (const auto& seg : segs) {
     std::vector<int64_t> ids;
@@ -68,11 +68,11 @@ EncodedConversation encode_conversation(const std::vector<Message>& messages,
         // Expand one placeholder into n_image_tokens ids; never supervised.
         ++out.n_images;
         out.input_ids.insert(out.input_ids.end(), opts.n_image_tokens, id);
-        out.labels.insert(out.labels.end(), opts.n_image_tokens, kIgnoreIndex);
+        out.labels.insert(out.labels.end(), opts.n_image_tokens, algo::kIgnoreIndex);
         continue;
       }
       out.input_ids.push_back(id);
-      out.labels.push_back(seg.supervised ? id : kIgnoreIndex);
+      out.labels.push_back(seg.supervised ? id : algo::kIgnoreIndex);
     }
   }
   return out;

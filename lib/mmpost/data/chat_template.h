@@ -7,12 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "mmpost/algo/ignore_index.h"
 #include "mmpost/data/tokenizer.h"
 
 namespace mmpost::data {
 
-/// Label value ignored by the loss (PyTorch/HF convention).
-inline constexpr int64_t kIgnoreIndex = -100;
 /// Placeholder text for one image in message content.
 inline constexpr const char* kImagePlaceholder = "<image>";
 
@@ -29,7 +28,7 @@ struct Message {
 };
 
 /// Token ids of a conversation. `labels[i]` is input_ids[i] on assistant replies and their EOS,
-/// kIgnoreIndex elsewhere (BOS, system/user turns, role markers, image tokens).
+/// algo::kIgnoreIndex elsewhere (BOS, system/user turns, role markers, image tokens).
 struct EncodedConversation {
   std::vector<int64_t> input_ids;
   std::vector<int64_t> labels;

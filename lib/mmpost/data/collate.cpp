@@ -3,6 +3,8 @@
 
 #include <stdexcept>
 
+#include "mmpost/algo/ignore_index.h"
+
 namespace mmpost::data {
 namespace {
 Batch pad_rows(const std::vector<std::vector<int64_t>>& ids,
@@ -13,7 +15,7 @@ Batch pad_rows(const std::vector<std::vector<int64_t>>& ids,
   Batch out;
   out.input_ids = torch::full({b, t}, pad_id, torch::kInt64);
   out.attention_mask = torch::zeros({b, t}, torch::kInt64);
-  out.labels = torch::full({b, t}, -100, torch::kInt64);
+  out.labels = torch::full({b, t}, algo::kIgnoreIndex, torch::kInt64);
   auto ids_a = out.input_ids.accessor<int64_t, 2>();
   auto mask_a = out.attention_mask.accessor<int64_t, 2>();
   auto lab_a = out.labels.accessor<int64_t, 2>();
@@ -25,7 +27,7 @@ Batch pad_rows(const std::vector<std::vector<int64_t>>& ids,
       mask_a[i][off + j] = 1;
       if (j < static_cast<int64_t>(labels[i].size())) {
         lab_a[i][off + j] = labels[i][j];
-        if (labels[i][j] != -100) ++out.n_supervised;
+        if (labels[i][j] != algo::kIgnoreIndex) ++out.n_supervised;
       }
     }
     out.n_tokens += n;
@@ -69,7 +71,7 @@ Batch collate_prompts(const std::vector<SftSample>& samples, int64_t pad_id) {
   std::vector<std::vector<int64_t>> ids, labels;
   for (const auto& s : samples) {
     size_t k = 0;
-    while (k < s.labels.size() && s.labels[k] == -100) ++k;
+    while (k < s.labels.size() && s.labels[k] == algo::kIgnoreIndex) ++k;
     ids.emplace_back(s.input_ids.begin(), s.input_ids.begin() + k);
     labels.emplace_back();
   }

@@ -1,5 +1,5 @@
 // Collation: samples -> padded batch tensors (right padding for training, left for generation),
-// labels padded with -100, images stacked in sample order.
+// labels padded with algo::kIgnoreIndex, images stacked in sample order.
 #pragma once
 
 #include <torch/torch.h>
@@ -15,10 +15,10 @@ namespace mmpost::data {
 struct Batch {
   torch::Tensor input_ids;       // [B, T] int64, padded with pad_id
   torch::Tensor attention_mask;  // [B, T] int64, 1 = token, 0 = padding
-  torch::Tensor labels;          // [B, T] int64, -100 on padding and unsupervised tokens
+  torch::Tensor labels;          // [B, T] int64, algo::kIgnoreIndex on padding and unsupervised
   torch::Tensor pixel_values;    // [N, 3, H, W] float32, images of all samples in order; may be undefined
   std::vector<std::string> ids;  // sample ids
-  int64_t n_supervised = 0;      // labels != -100 (before the causal shift)
+  int64_t n_supervised = 0;      // labels != algo::kIgnoreIndex (before the causal shift)
   int64_t n_tokens = 0;          // attention_mask.sum()
 
   /// Copies the tensors to `device` (pixel_values also cast to `pixel_dtype`).

@@ -82,7 +82,8 @@ void cut_completion(std::vector<int64_t>& ids, std::vector<int64_t>& labels, int
 }
 
 bool has_label(const std::vector<int64_t>& labels) {
-  return std::any_of(labels.begin(), labels.end(), [](int64_t l) { return l != kIgnoreIndex; });
+  return std::any_of(labels.begin(), labels.end(),
+                     [](int64_t l) { return l != algo::kIgnoreIndex; });
 }
 
 }  // namespace
@@ -185,7 +186,7 @@ PreferenceBatch collate_preference(const std::vector<PreferenceSample>& samples,
   }
   auto ids = torch::full({2 * B, T}, pad_id, torch::kInt64);
   auto mask = torch::zeros({2 * B, T}, torch::kInt64);
-  auto labels = torch::full({2 * B, T}, kIgnoreIndex, torch::kInt64);
+  auto labels = torch::full({2 * B, T}, algo::kIgnoreIndex, torch::kInt64);
   auto ids_a = ids.accessor<int64_t, 2>();
   auto mask_a = mask.accessor<int64_t, 2>();
   auto lab_a = labels.accessor<int64_t, 2>();

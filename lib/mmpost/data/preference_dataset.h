@@ -39,7 +39,7 @@ struct PreferenceSample {
   int64_t line = 0;
   std::vector<int64_t> prompt_ids;        // [Tp] BOS + prompt turns + "ASSISTANT:"
   std::vector<int64_t> chosen_ids;        // [Tc] completion tokens (reply + EOS)
-  std::vector<int64_t> chosen_labels;     // [Tc] kIgnoreIndex on template markers between replies
+  std::vector<int64_t> chosen_labels;     // [Tc] algo::kIgnoreIndex on markers between replies
   std::vector<int64_t> rejected_ids;      // [Tr]
   std::vector<int64_t> rejected_labels;   // [Tr]
   torch::Tensor pixel_values;             // [N, 3, H, W] float32 or undefined (N = 0)
@@ -63,7 +63,7 @@ PreferenceSample make_preference_sample(const nlohmann::json& record, int64_t li
 struct PreferenceBatch {
   torch::Tensor input_ids;        // [2B, T] int64
   torch::Tensor attention_mask;   // [2B, T] int64
-  torch::Tensor labels;           // [2B, T] int64, -100 on prompt and padding
+  torch::Tensor labels;           // [2B, T] int64, algo::kIgnoreIndex on prompt and padding
   torch::Tensor pixel_values;     // [N, 3, H, W] (undefined when no sample has images)
   torch::Tensor corrupted_pixel_values;  // [N, 3, H, W] (mDPO; else undefined)
   std::vector<std::string> ids;   // [B]

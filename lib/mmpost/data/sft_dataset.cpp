@@ -104,7 +104,7 @@ bool truncate_sample(std::vector<int64_t>& input_ids, std::vector<int64_t>& labe
     if (input_ids[i] == image_token_id) return false;
   }
   bool any_label = std::any_of(labels.begin(), labels.begin() + max_length,
-                               [](int64_t l) { return l != kIgnoreIndex; });
+                               [](int64_t l) { return l != algo::kIgnoreIndex; });
   if (!any_label) return false;
   input_ids.resize(max_length);
   labels.resize(max_length);

@@ -21,7 +21,7 @@ struct SftSample {
   std::string id;
   int64_t line = 0;                  // physical line in the JSONL file (1-based)
   std::vector<int64_t> input_ids;    // [T]
-  std::vector<int64_t> labels;       // [T], kIgnoreIndex where unsupervised
+  std::vector<int64_t> labels;       // [T], algo::kIgnoreIndex where unsupervised
   torch::Tensor pixel_values;        // [N, 3, H, W] float32, N = images (undefined when N = 0)
   std::vector<Message> messages;     // the parsed conversation
   std::string reference;             // prompt_only: the final assistant reply (eval target)
@@ -61,7 +61,7 @@ torch::Tensor load_sample_images(const std::vector<std::string>& images, const S
 /// len(images), that at least one assistant turn exists, that images decode, and truncates to
 /// max_length without cutting image tokens or every supervised token (else an Error(kData)).
 /// prompt_only (eval/generation): the final assistant turn becomes `reference`, the ids are the
-/// preceding turns plus the generation prompt ("ASSISTANT:"), labels all kIgnoreIndex.
+/// preceding turns plus the generation prompt ("ASSISTANT:"), labels all algo::kIgnoreIndex.
 /// `sample_seed` drives the random augmentation (ctx.random_shift) of this sample's images.
 SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const SampleContext& ctx,
                           bool prompt_only = false, uint64_t sample_seed = 0);

@@ -38,13 +38,18 @@ std::vector<StepFolder> list_step_folders(const fs::path& output_dir) {
   return out;
 }
 
+}  // namespace
+
 std::string format_bytes(uint64_t bytes) {
   char buf[32];
-  std::snprintf(buf, sizeof(buf), "%.2f GiB", static_cast<double>(bytes) / (1024.0 * 1024 * 1024));
+  const double b = static_cast<double>(bytes);
+  if (b >= 1024.0 * 1024 * 1024) {
+    std::snprintf(buf, sizeof(buf), "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%.1f MiB", b / (1024.0 * 1024));
+  }
   return buf;
 }
-
-}  // namespace
 
 fs::path step_dir(const fs::path& output_dir, int64_t step) {
   MMPOST_CHECK_USAGE(step >= 0, "step_dir: step must be >= 0, got ", step);

@@ -39,6 +39,9 @@ std::optional<std::filesystem::path> latest_complete_checkpoint(
 /// Throws mmpost::Error (kRuntime) naming the folder if removal fails.
 void prune_checkpoints(const std::filesystem::path& output_dir, int keep_last);
 
+/// "1.25 GiB", or "3.4 MiB" below 1 GiB (binary units).
+std::string format_bytes(uint64_t bytes);
+
 /// Throws mmpost::Error (kRuntime) with a hint if the file system of `dir` (or of its nearest
 /// existing parent) has fewer than `bytes_needed` bytes available to this user.
 void check_free_space(const std::filesystem::path& dir, uint64_t bytes_needed);

@@ -9,9 +9,10 @@
 
 #include "mmpost/core/check.h"
 #include "mmpost/core/log.h"
+#include "mmpost/hub/hf_folder.h"
+#include "mmpost/hub/reward_model_folder.h"
 #include "mmpost/io/atomic_file.h"
 #include "mmpost/io/checkpoint.h"
-#include "mmpost/io/hf_folder.h"
 #include "mmpost/io/safetensors.h"
 
 namespace mmpost::train {
@@ -39,12 +40,6 @@ void fsync_dir(const fs::path& dir) {
   }
 }
 
-std::string gib(uint64_t bytes) {
-  std::ostringstream os;
-  os.precision(3);
-  os << static_cast<double>(bytes) / (1024.0 * 1024 * 1024) << " GiB";
-  return os.str();
-}
 
 }  // namespace
 
@@ -52,11 +47,11 @@ void save_model_bundle(const fs::path& dir, const ModelBundle& b) {
   const fs::path tok_path = b.tokenizer ? fs::path(b.tokenizer->path()) : fs::path();
   if (b.reward_model) {
     auto rm = b.reward_model;
-    model::save_reward_model(dir, rm, tok_path, b.image, b.tokenizer);
+    hub::save_reward_model(dir, rm, tok_path, b.image, b.tokenizer);
   } else {
     auto vlm = b.vlm;
-    io::save_pretrained(dir, vlm, tok_path, b.image, torch::kFloat32, int64_t{5} << 30,
-                        b.tokenizer);
+    hub::save_pretrained(dir, vlm, tok_path, b.image, torch::kFloat32, int64_t{5} << 30,
+                         b.tokenizer);
   }
   if (b.value_head) {
     io::save_safetensors(dir / kValueHeadFile,
@@ -91,7 +86,8 @@ Checkpointer::Checkpointer(fs::path output_dir, int64_t keep_last, ModelBundle b
   for (const auto& g : optimizer_.param_groups()) {
     for (const auto& p : g.params()) bytes_needed_ += 2 * p.numel() * p.element_size();  // m, v
   }
-  bytes_needed_ += bytes_needed_ / 20 + (uint64_t{8} << 20);  // headers, tokenizer, json
+  if (bundle_.tokenizer) bytes_needed_ += bundle_.tokenizer->model_bytes().size();
+  bytes_needed_ += bytes_needed_ / 20 + (uint64_t{256} << 10);  // headers, json, file system
 }
 
 fs::path Checkpointer::save(const TrainState& state, const nlohmann::json& recipe) {
@@ -127,7 +123,7 @@ fs::path Checkpointer::save(const TrainState& state, const nlohmann::json& recip
     std::string what = e.what();
     if (auto* te = dynamic_cast<const c10::Error*>(&e)) what = te->what_without_backtrace();
     throw Error(ErrorKind::kRuntime,
-                dir.string() + ": cannot write the checkpoint (needs about " + gib(bytes_needed_) +
+                dir.string() + ": cannot write the checkpoint (needs about " + io::format_bytes(bytes_needed_) +
                     "): " + what,
                 prev ? "the previous checkpoint " + prev->string() + " is intact; free disk space "
                            "and rerun the same command to resume from it"

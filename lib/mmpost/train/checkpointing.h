@@ -37,7 +37,7 @@ struct TrainState {
 /// value head; the tokenizer (written from its bytes in memory) and image settings.
 struct ModelBundle {
   model::Vlm vlm{nullptr};                  // set unless reward_model is
-  model::RewardModel reward_model{nullptr}; // rm: written by model::save_reward_model
+  model::RewardModel reward_model{nullptr}; // rm: written by hub::save_reward_model
   torch::nn::Linear value_head{nullptr};    // ppo: value_head.safetensors {weight [1, C], bias [1]}
   const data::Tokenizer* tokenizer = nullptr;
   data::ImageProcessorConfig image;

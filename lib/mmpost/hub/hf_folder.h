@@ -1,7 +1,8 @@
-// Hugging Face model folders: config.json + model.safetensors (or shards + index) +
+// Hugging Face model folders (hub layer): config.json + model.safetensors (or shards + index) +
 // tokenizer.model + tokenizer_config.json/special_tokens_map.json + preprocessor_config.json.
-// The one place that assembles a loadable model, tokenizer path and image settings from a folder,
-// and writes them back so transformers, vLLM and mmpost all read the result.
+// The one place that assembles a model bundle (model, tokenizer path, image settings) from a
+// folder and writes it back so transformers, vLLM and mmpost all read the result. It sits above
+// model/ and data/ because it joins them; io/ below it only knows files and tensors.
 #pragma once
 
 #include <filesystem>
@@ -11,7 +12,7 @@
 #include "mmpost/data/tokenizer.h"
 #include "mmpost/model/vlm.h"
 
-namespace mmpost::io {
+namespace mmpost::hub {
 
 /// A model folder, loaded.
 struct Pretrained {
@@ -47,4 +48,4 @@ void save_pretrained(const std::filesystem::path& dir, model::Vlm& model,
                      int64_t max_shard_bytes = int64_t{5} << 30,
                      const data::Tokenizer* tokenizer = nullptr);
 
-}  // namespace mmpost::io
+}  // namespace mmpost::hub

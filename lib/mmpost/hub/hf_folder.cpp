@@ -1,5 +1,5 @@
-// HF model folder load/save (see hf_folder.h).
-#include "mmpost/io/hf_folder.h"
+// HF model folder load/save (see hub/hf_folder.h).
+#include "mmpost/hub/hf_folder.h"
 
 #include <fstream>
 
@@ -8,7 +8,7 @@
 #include "mmpost/io/safetensors.h"
 #include "mmpost/model/hf.h"
 
-namespace mmpost::io {
+namespace mmpost::hub {
 namespace fs = std::filesystem;
 
 namespace {
@@ -53,7 +53,7 @@ Pretrained load_pretrained(const fs::path& dir) {
   }
   // Check the size before allocating: a config.json that lost its sub-configs falls back to HF's
   // LLaVA-7B defaults, which would allocate gigabytes before any shape check.
-  auto tensors = load_safetensors(dir);
+  auto tensors = io::load_safetensors(dir);
   int64_t stored = 0;
   for (const auto& [name, t] : tensors) stored += t.numel();
   const int64_t expected = approx_num_params(p.config);
@@ -125,22 +125,22 @@ void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tok
     if (t.is_floating_point()) t = t.to(save_dtype);
     bytes += t.numel() * t.element_size();
   }
-  check_free_space(dir, bytes + (bytes / 10) + (1 << 20));
+  io::check_free_space(dir, bytes + (bytes / 10) + (1 << 20));
   nlohmann::json cfg = model::vlm_config_to_json(model->config());
   cfg["torch_dtype"] = save_dtype == torch::kBFloat16 ? "bfloat16"
                        : save_dtype == torch::kFloat16 ? "float16" : "float32";
-  write_text_atomic(dir / "config.json", cfg.dump(2) + "\n");
-  save_safetensors_sharded(dir, tensors, max_shard_bytes);
+  io::write_text_atomic(dir / "config.json", cfg.dump(2) + "\n");
+  io::save_safetensors_sharded(dir, tensors, max_shard_bytes);
   const auto& tc = model->config().text_config;
   if (tokenizer != nullptr || !tokenizer_path.empty()) {
     if (tokenizer != nullptr) {  // the bytes in memory: the file it came from may be pruned
-      write_text_atomic(dir / "tokenizer.model", tokenizer->model_bytes());
+      io::write_text_atomic(dir / "tokenizer.model", tokenizer->model_bytes());
     } else if (fs::absolute(tokenizer_path) != fs::absolute(dir / "tokenizer.model")) {
       std::ifstream in(tokenizer_path, std::ios::binary);
       MMPOST_CHECK(in.good(), tokenizer_path.string(), ": cannot read tokenizer");
       std::string bytes_tok((std::istreambuf_iterator<char>(in)),
                             std::istreambuf_iterator<char>());
-      write_text_atomic(dir / "tokenizer.model", bytes_tok);
+      io::write_text_atomic(dir / "tokenizer.model", bytes_tok);
     }
     nlohmann::json special = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}};
     if (tc.pad_token_id) special["pad_token"] = "<pad>";
@@ -162,11 +162,11 @@ void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tok
     } else if (tc.pad_token_id) {
       tok_cfg["pad_token"] = "<pad>";
     }
-    write_text_atomic(dir / "tokenizer_config.json", tok_cfg.dump(2) + "\n");
-    write_text_atomic(dir / "special_tokens_map.json", special.dump(2) + "\n");
+    io::write_text_atomic(dir / "tokenizer_config.json", tok_cfg.dump(2) + "\n");
+    io::write_text_atomic(dir / "special_tokens_map.json", special.dump(2) + "\n");
   }
-  write_text_atomic(dir / "preprocessor_config.json",
+  io::write_text_atomic(dir / "preprocessor_config.json",
                     data::preprocessor_config_json(image).dump(2) + "\n");
 }
 
-}  // namespace mmpost::io
+}  // namespace mmpost::hub

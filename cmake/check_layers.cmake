@@ -1,0 +1,78 @@
+# Fails when a file in lib/mmpost/<layer>/ includes "mmpost/<other>/..." that <layer> may not use
+# (cmake/layers.cmake), naming file, line and the forbidden edge. Every header shares the include
+# root lib/, so such an include would compile; this check is what makes it fail the build.
+# Usage: cmake -DROOT=<source dir> [-DSTAMP=<file touched on success>] -P cmake/check_layers.cmake
+# Run by the mmpost_check_layers target before any layer compiles, whenever a lib/ file changes.
+cmake_minimum_required(VERSION 3.25)
+include(${CMAKE_CURRENT_LIST_DIR}/layers.cmake)
+if(NOT ROOT)
+  message(FATAL_ERROR "check_layers.cmake: pass -DROOT=<source dir>")
+endif()
+set(lib ${ROOT}/lib/mmpost)
+set(order "apps -> train -> hub | dist -> model | data -> algo | io | config -> core")
+set(errors "")
+
+file(GLOB entries RELATIVE ${lib} ${lib}/*)
+foreach(layer IN LISTS entries)
+  if(NOT IS_DIRECTORY ${lib}/${layer})
+    string(APPEND errors "lib/mmpost/${layer}: error: a file outside any layer folder\n")
+    continue()
+  endif()
+  if(NOT layer IN_LIST MMPOST_LAYERS)
+    string(APPEND errors "lib/mmpost/${layer}/: error: \"${layer}\" is not a layer; add it to "
+                         "cmake/layers.cmake with the layers it may use\n")
+    continue()
+  endif()
+  mmpost_layer_closure(${layer} allowed)
+  list(JOIN allowed ", " allowed_text)
+  if(NOT allowed_text)
+    set(allowed_text "no other layer")
+  endif()
+  file(GLOB_RECURSE files RELATIVE ${ROOT} ${lib}/${layer}/*.h ${lib}/${layer}/*.hpp
+       ${lib}/${layer}/*.cpp ${lib}/${layer}/*.cc ${lib}/${layer}/*.inc)
+  list(SORT files)
+  foreach(file IN LISTS files)
+    file(STRINGS ${ROOT}/${file} includes REGEX "^[ \t]*#[ \t]*include[ \t]*[<\"]mmpost/")
+    set(content "")
+    foreach(inc IN LISTS includes)
+      string(REGEX MATCH "[<\"](mmpost/[^\">]*)[\">]" _ "${inc}")
+      set(path "${CMAKE_MATCH_1}")
+      if(path MATCHES "^mmpost/([A-Za-z0-9_]+)/")
+        set(target "${CMAKE_MATCH_1}")
+      else()
+        set(target "apps")  # mmpost/<file>.h without a layer folder is an apps/ header
+      endif()
+      if(target STREQUAL layer OR target IN_LIST allowed)
+        continue()
+      endif()
+      # Line number: count the newlines before the first occurrence of this include line.
+      if(NOT content)
+        file(READ ${ROOT}/${file} content)
+      endif()
+      string(FIND "${content}" "${inc}" pos)
+      string(SUBSTRING "${content}" 0 ${pos} before)
+      string(REGEX MATCHALL "\n" newlines "${before}")
+      list(LENGTH newlines line)
+      math(EXPR line "${line} + 1")
+      if(target IN_LIST MMPOST_LAYERS)
+        set(why "${layer} -> ${target} points the wrong way (${layer} may use: ${allowed_text})")
+      else()
+        string(CONCAT why "${layer} -> ${target}: \"${target}\" is not a layer of lib/ "
+                          "(${layer} may use: ${allowed_text})")
+      endif()
+      string(APPEND errors "${file}:${line}: error: #include \"${path}\": ${why}\n")
+    endforeach()
+  endforeach()
+endforeach()
+
+if(errors)
+  string(REGEX MATCHALL "error:" n "${errors}")
+  list(LENGTH n n)
+  message("${errors}layer order: ${order} (a layer may use any layer to its right; "
+          "cmake/layers.cmake)\nhint: move the code to a layer that may see both sides, or pass "
+          "plain values down instead of including upward")
+  message(FATAL_ERROR "mmpost layer check: ${n} error(s) in lib/mmpost")
+endif()
+if(STAMP)
+  file(TOUCH ${STAMP})
+endif()

@@ -1,0 +1,196 @@
+// Tests for the run harness components: MetricWindow means and rates, format_rate,
+// total_steps_of, the one name table per enum (core/names.h), and the Checkpointer: a complete
+// folder appears only at the end of a save (hidden temp folder, DONE inside), a second save of
+// the same step writes nothing, the tokenizer comes from memory after its source file is gone,
+// pruning keeps the newest, and a value head round-trips.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "catch.h"
+#include "mmpost/algo/kl.h"
+#include "mmpost/algo/policy_gradient.h"
+#include "mmpost/config/recipe.h"
+#include "mmpost/config/schema.h"
+#include "mmpost/core/names.h"
+#include "mmpost/data/tokenizer.h"
+#include "mmpost/io/checkpoint.h"
+#include "mmpost/model/vlm.h"
+#include "mmpost/train/checkpointing.h"
+#include "mmpost/train/optimizer.h"
+#include "mmpost/train/run.h"
+#include "test_util.h"
+
+namespace fs = std::filesystem;
+using namespace mmpost;
+using mmpost::testing::read_all;
+using mmpost::testing::TempDir;
+
+namespace {
+
+model::VlmConfig tiny_config() { return testing::tiny_vlm_config(512, 4); }
+
+}  // namespace
+
+TEST_CASE("MetricWindow: per-key means, rates, reset", "[unit][run]") {
+  train::MetricWindow w;
+  w.add("loss", 1.0);
+  w.add("loss", 3.0);
+  w.add("kl", 0.5);  // added once: its own mean
+  w.count(100, 4);
+  w.count(50, 2);
+  auto m = w.flush("pairs");
+  CHECK(m["loss"].get<double>() == 2.0);
+  CHECK(m["kl"].get<double>() == 0.5);
+  REQUIRE(m.contains("tokens_per_s"));
+  REQUIRE(m.contains("pairs_per_s"));
+  // Both rates share the window's wall time: their ratio is 150 tokens / 6 pairs.
+  CHECK(m["tokens_per_s"].get<double>() / m["pairs_per_s"].get<double>() == Approx(25.0));
+  auto empty = w.flush("pairs");
+  CHECK(empty.empty());  // flushed: nothing carried over
+}
+
+TEST_CASE("format_rate and total_steps_of", "[unit][run]") {
+  CHECK(train::format_rate(812) == "812");
+  CHECK(train::format_rate(12345) == "12.3k");
+  CHECK(train::format_rate(4.512e6) == "4.51M");
+  CHECK(train::format_rate(3.25) == "3.25");
+  config::TrainSection t;
+  t.max_steps = 7;
+  CHECK(train::total_steps_of(t, 1000, 16) == 7);
+  t.max_steps = 0;
+  t.epochs = 2.0;
+  CHECK(train::total_steps_of(t, 100, 16) == 13);  // ceil(200 / 16)
+  t.epochs = 0.001;
+  CHECK(train::total_steps_of(t, 100, 16) == 1);   // at least one step
+}
+
+TEST_CASE("names: one table drives parse, errors and help", "[unit][run]") {
+  CHECK(algo::parse_rl_algorithm("rloo") == algo::RlAlgorithm::kRloo);
+  CHECK(algo::to_string(algo::RlAlgorithm::kReinforcePpBaseline) == "reinforce_pp_baseline");
+  CHECK(algo::rl_algorithm_names() == "grpo | rloo | reinforce_pp | reinforce_pp_baseline | ppo");
+  try {
+    algo::parse_rl_algorithm("dpo");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kUsage);
+    CHECK_THAT(std::string(e.what()), HasSubstr("rlhf.algorithm: unknown value 'dpo'") &&
+                                          HasSubstr("grpo, rloo, reinforce_pp"));
+  }
+}
+
+TEST_CASE("names: rlhf help text lists exactly the names the algo tables parse", "[unit][run]") {
+  // The --print-defaults description of each enum key starts with "a | b | c"; every listed name
+  // must parse, and every value of the enum must be listed under its canonical name.
+  auto doc_of = [](const std::string& key) {
+    for (const auto& row : config::to_rows(config::RlhfConfig{})) {
+      if (row.path == key) return row.doc;
+    }
+    FAIL("no row " << key);
+    return std::string();
+  };
+  auto listed = [&](const std::string& key) {
+    std::string doc = doc_of(key);
+    doc = doc.substr(0, doc.find(" ("));
+    std::vector<std::string> names;
+    for (size_t a = 0; a <= doc.size();) {
+      size_t b = doc.find(" | ", a);
+      names.push_back(doc.substr(a, b == std::string::npos ? std::string::npos : b - a));
+      if (b == std::string::npos) break;
+      a = b + 3;
+    }
+    return names;
+  };
+  auto check = [&](const std::string& key, auto parse, auto all_values) {
+    std::set<std::string> canonical_listed, canonical_all;
+    for (const auto& n : listed(key)) {
+      INFO(key << ": " << n);
+      CHECK_NOTHROW(parse(n));
+      canonical_listed.insert(algo::to_string(parse(n)));
+    }
+    for (auto v : all_values) canonical_all.insert(algo::to_string(v));
+    CHECK(canonical_listed == canonical_all);
+  };
+  using algo::RlAlgorithm;
+  check("rlhf.algorithm", algo::parse_rl_algorithm,
+        std::vector{RlAlgorithm::kGrpo, RlAlgorithm::kRloo, RlAlgorithm::kReinforcePp,
+                    RlAlgorithm::kReinforcePpBaseline, RlAlgorithm::kPpo});
+  using algo::ScaleRewards;
+  check("rlhf.scale_rewards", algo::parse_scale_rewards,
+        std::vector{ScaleRewards::kGroup, ScaleRewards::kBatch, ScaleRewards::kNone});
+  using algo::ImportanceSamplingLevel;
+  check("rlhf.importance_sampling_level", algo::parse_importance_sampling_level,
+        std::vector{ImportanceSamplingLevel::kToken, ImportanceSamplingLevel::kSequence});
+  std::vector<algo::PolicyLossType> losses;
+  for (const auto& n : {"grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"}) {
+    losses.push_back(algo::parse_policy_loss_type(n));
+  }
+  CHECK(algo::policy_loss_type_names() == "grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo");
+  check("rlhf.loss_type", algo::parse_policy_loss_type, losses);
+  std::vector<algo::KlEstimator> kls;
+  for (const auto& n : {"k1", "k2", "k3", "low_var_kl", "abs", "full"}) {
+    kls.push_back(algo::parse_kl_estimator(n));
+  }
+  check("rlhf.kl_estimator", algo::parse_kl_estimator, kls);
+  CHECK_THROWS_WITH(algo::parse_kl_estimator("k4"), HasSubstr("rlhf.kl_estimator: unknown value 'k4'"));
+}
+
+TEST_CASE("Checkpointer: atomic folders, one save per step, tokenizer from memory, pruning",
+          "[unit][run]") {
+  TempDir tmp("ckpt");
+  torch::manual_seed(0);
+  auto vlm = model::build_vlm(tiny_config());
+  // The tokenizer is loaded from a copy that is deleted before the saves (a pruned step folder).
+  fs::copy_file(fs::path(MMPOST_SOURCE_DIR) / "data/tokenizer/tokenizer.model",
+                tmp.path / "tok.model");
+  auto tok = std::make_unique<data::Tokenizer>((tmp.path / "tok.model").string());
+  fs::remove(tmp.path / "tok.model");
+  torch::nn::Linear value_head(32, 1);
+  auto named = train::named_parameters_of(*vlm);
+  named.emplace_back("value_head.weight", value_head->weight);
+  named.emplace_back("value_head.bias", value_head->bias);
+  config::OptimSection o;
+  train::Optimizer opt(named, o, config::SchedulerSection{}, 1.0, 10);
+  const fs::path out = tmp.path / "run";
+  fs::create_directories(out);
+  train::Checkpointer ck(out, /*keep_last=*/2,
+                         {.vlm = vlm, .value_head = value_head, .tokenizer = tok.get()},
+                         opt.adamw(), /*last_saved_step=*/-1);
+  // fp32 model + two AdamW moments per trainable parameter (all are) + tokenizer, plus slack.
+  int64_t n = 0;
+  for (const auto& [k, p] : named) n += p.numel();
+  CHECK(ck.bytes_needed() >= static_cast<uint64_t>(12 * n) + tok->model_bytes().size());
+
+  train::TrainState st;
+  for (int64_t step : {1, 2, 3}) {
+    st.step = step;
+    auto dir = ck.save(st, nlohmann::json{{"k", 1}});
+    CHECK(dir == io::step_dir(out, step));
+    CHECK(io::is_complete(dir));
+  }
+  // Pruned to the newest two; no temporary folder is left behind.
+  CHECK_FALSE(fs::exists(io::step_dir(out, 1)));
+  CHECK(fs::exists(io::step_dir(out, 2)));
+  for (const auto& e : fs::directory_iterator(out)) {
+    CHECK(e.path().filename().string().rfind(".step_", 0) != 0);
+  }
+  const fs::path last = io::step_dir(out, 3);
+  CHECK(read_all(last / "tokenizer.model") == tok->model_bytes());
+  CHECK(train::read_train_state(last).step == 3);
+  // A stop signal on a save step saves again: nothing is rewritten.
+  auto before = fs::last_write_time(last / "state.json");
+  ::usleep(20000);
+  CHECK(ck.save(st, nlohmann::json{{"k", 2}}) == last);
+  CHECK(fs::last_write_time(last / "state.json") == before);
+  // The value head comes back.
+  torch::nn::Linear other(32, 1);
+  train::load_value_head(other, last);
+  CHECK(torch::equal(other->weight, value_head->weight));
+  CHECK(torch::equal(other->bias, value_head->bias));
+  // export_final writes the model folder at the top level.
+  ck.export_final();
+  CHECK(read_all(out / "model.safetensors") == read_all(last / "model.safetensors"));
+  CHECK(fs::exists(out / train::kValueHeadFile));
+}
