@@ -3,8 +3,7 @@
 # A layer may use any layer to its right (the closure of these edges); layers on one tier ("|")
 # never see each other. CMakeLists.txt links one static library per layer from this table and
 # cmake/check_layers.cmake fails the build on an #include that is not an edge of its closure, so
-# the target graph and the include rule cannot drift apart. dist/ is planned: it gets a target
-# once lib/mmpost/dist/ exists.
+# the target graph and the include rule cannot drift apart.
 set(MMPOST_LAYERS core config io algo data model hub dist train)
 set(MMPOST_LAYER_USES_core "")
 set(MMPOST_LAYER_USES_config core)

@@ -143,12 +143,13 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
   const data::ImageCorruption corruption{cfg.dpo.mdpo.corruption,
                                          cfg.dpo.mdpo.corruption_strength};
   data::StreamingLoader<data::PreferenceSample> loader(
-      train_loader_options(cfg), [&](const nlohmann::json& rec, int64_t line, uint64_t seed) {
+      train_loader_options(cfg, run.world()), [&](const nlohmann::json& rec, int64_t line, uint64_t seed) {
         return data::make_preference_sample(rec, line, train_ctx, limits,
                                             mdpo ? &corruption : nullptr, seed);
       });
   const int64_t n_records = data::count_records(cfg.data.train);
-  const int64_t per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps;
+  const int64_t per_step =
+      cfg.train.batch_size * cfg.train.gradient_accumulation_steps * run.world().world_size;
   const int64_t total_steps = train::total_steps_of(cfg.train, n_records, per_step);
   log_info("dpo: " + std::to_string(n_records) + " preference pairs, " + std::to_string(per_step) +
            " pairs/step, " + std::to_string(total_steps) + " steps; loss " +
@@ -175,14 +176,14 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     // Keyed by everything the values depend on, so a resumed run reuses them and a changed
     // setting recomputes them.
     auto precompute = [&](const std::string& path, const std::string& file) {
-      if (!allow_resume) fs::remove(out / file);  // --no-resume recomputes
+      if (!allow_resume && run.is_main()) fs::remove(out / file);  // --no-resume recomputes
       const std::string key = fs::absolute(ref_src).string() + "|" + fingerprint(ref_src) + "|" +
                               fs::absolute(path).string() + "|" + content_hash(path) + "|" +
                               std::to_string(limits.max_prompt_length) + "|" +
                               std::to_string(limits.max_completion_length) + "|" +
                               std::to_string(limits.max_length) + "|" + dtype_name(ref_dtype);
       return train::precompute_reference_logps(reference, ctx, path, eval_opts, device,
-                                               ref_dtype, out / file, key);
+                                               ref_dtype, out / file, key, run.process_group());
     };
     ref_cache = precompute(cfg.data.train, "ref_logps.safetensors");
     if (!cfg.data.eval.empty()) eval_ref_cache = precompute(cfg.data.eval, "ref_logps_eval.safetensors");
@@ -191,12 +192,13 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
 
   // ---- optimizer, checkpoints, resume ------------------------------------------------------
   train::Optimizer optimizer(train::named_parameters_of(*model), cfg.optim, cfg.scheduler,
-                             cfg.train.clip_grad_norm, total_steps);
+                             cfg.train.clip_grad_norm, total_steps,
+                             run.process_group(), cfg.dist);
   train::Checkpointer checkpointer(cfg.output_dir, cfg.train.keep_last_n_checkpoints,
                                    {.vlm = model, .tokenizer = sm.tokenizer.get(), .image = sm.image},
-                                   optimizer.adamw(), run.checkpoint() ? run.state.step : -1);
+                                   optimizer, run.checkpoint() ? run.state.step : -1, run.is_main());
   if (run.checkpoint()) {
-    train::load_optimizer_and_rng(*run.checkpoint(), optimizer.adamw());
+    train::load_optimizer_and_rng(*run.checkpoint(), optimizer);
     loader.seek(run.state.loader);
   }
   const nlohmann::json recipe = config::to_json(cfg);
@@ -231,12 +233,16 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
   train::MetricWindow window;
   const int64_t n_micro = cfg.train.gradient_accumulation_steps;
   while (state.step < total_steps) {
+    // The step's micro-batches first: each one's loss is a mean over its pairs on all ranks.
+    auto step = next_step_batches(loader, n_micro, run, cfg.data.train);
+    auto& micro = step.micro;
+    const auto& pairs = step.global_counts;
     optimizer.zero_grad();
     double step_loss = 0.0;
     for (int64_t a = 0; a < n_micro; ++a) {
-      auto samples = loader.next_batch();
-      MMPOST_CHECK_DATA(samples.has_value(), cfg.data.train, ": no preference pairs");
-      auto b = data::collate_preference(*samples, pad_id).to(device, dtype);
+      if (micro[a].empty()) continue;  // this rank's share of the window is empty
+      const double n_pairs = pairs[a];
+      auto b = data::collate_preference(micro[a], pad_id).to(device, dtype);
       auto pol = train::preference_forward(model, b, loss_cfg.use_weighting, mdpo);  // [2B] rows
       algo::PreferenceLogps ref;
       torch::Tensor ref_chosen_corrupted;
@@ -257,7 +263,7 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
         }
       }
       auto out_l = algo::dpo_loss(pol.logps, ref_free ? nullptr : &ref, loss_cfg);
-      auto loss = out_l.losses.mean();
+      auto loss = out_l.losses.sum() / n_pairs;  // = mean over the micro-batch of all ranks
       // TRL's metric names, means over the pairs of the micro-batch: one device-to-host copy.
       auto rc = out_l.rewards_chosen, rr = out_l.rewards_rejected;
       std::vector<std::string> names = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
@@ -271,15 +277,16 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
         auto m = algo::mdpo_loss(pol.logps.chosen, ref.chosen, pol.chosen_corrupted,
                                  ref_chosen_corrupted.to(torch::kFloat32), cfg.dpo.beta,
                                  cfg.dpo.mdpo.anchor_delta);
-        loss = loss + cfg.dpo.mdpo.conditional_weight * m.conditional.mean();
+        loss = loss + cfg.dpo.mdpo.conditional_weight * m.conditional.sum() / n_pairs;
         names.push_back("mdpo/conditional");
         values.push_back(m.conditional.mean());
         if (cfg.dpo.mdpo.anchor) {
-          loss = loss + cfg.dpo.mdpo.anchor_weight * m.anchor.mean();
+          loss = loss + cfg.dpo.mdpo.anchor_weight * m.anchor.sum() / n_pairs;
           names.push_back("mdpo/anchor");
           values.push_back(m.anchor.mean());
         }
       }
+      if (a + 1 == n_micro) optimizer.arm_gradient_sync();  // all-reduce during backward
       (loss / static_cast<double>(n_micro)).backward();
       values.push_back(loss);
       auto stats = torch::stack(values).detach().to(torch::kCPU, torch::kFloat64);
@@ -289,6 +296,7 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
       window.count(b.n_tokens, b.batch_size);
       state.tokens_seen += b.n_tokens;
     }
+    step_loss = run.all_sum({step_loss})[0];  // the step's loss over all ranks
     auto st = optimizer.step(state.step, step_loss);
     ++state.step;
     window.add("loss", step_loss);

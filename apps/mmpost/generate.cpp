@@ -167,6 +167,7 @@ int run_generate(GenerateArgs a) {
   for (int64_t batch_index = 0; a.max_samples <= 0 || n_prompts < a.max_samples; ++batch_index) {
     auto prompts = loader.next_batch();
     if (!prompts) break;
+    if (prompts->empty()) continue;  // a window whose records were all skipped
     if (a.max_samples > 0 && n_prompts + static_cast<int64_t>(prompts->size()) > a.max_samples) {
       prompts->resize(a.max_samples - n_prompts);
     }

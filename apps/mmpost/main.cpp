@@ -8,6 +8,7 @@
 
 #include "mmpost/cli_common.h"
 #include "mmpost/core/check.h"
+#include "mmpost/core/log.h"
 #include "mmpost_version.h"
 
 namespace {
@@ -53,16 +54,16 @@ int main(int argc, char** argv) {
   try {
     return mmpost::cli::run_selected(app);
   } catch (const mmpost::Error& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << mmpost::rank_prefix() << "error: " << e.what() << "\n";
     switch (e.kind()) {
       case mmpost::ErrorKind::kUsage: return 2;
       case mmpost::ErrorKind::kData: return 3;
       case mmpost::ErrorKind::kRuntime: return 1;
     }
   } catch (const c10::Error& e) {
-    std::cerr << "error: " << e.what_without_backtrace() << "\n";
+    std::cerr << mmpost::rank_prefix() << "error: " << e.what_without_backtrace() << "\n";
   } catch (const std::exception& e) {
-    std::cerr << "error: " << e.what() << "\n";
+    std::cerr << mmpost::rank_prefix() << "error: " << e.what() << "\n";
   }
   return 1;
 }

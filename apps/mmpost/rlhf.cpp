@@ -90,6 +90,10 @@ config::RlhfConfig load_rlhf(const std::string& recipe, const std::vector<std::s
 int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   // ---- setup: lock OUTPUT, find the checkpoint to resume from, signals, device, seed --------
   train::Run run("rlhf", cfg, allow_resume);
+  MMPOST_CHECK_USAGE(run.world().world_size == 1, "rlhf: launched as ", run.world().world_size,
+                     " processes, but data-parallel rlhf (rollouts sharded by prompt) is not "
+                     "implemented yet: every process would train the same model",
+                     "\n  hint: run one process; sft, dpo and rm train data-parallel");
   const torch::Device device = run.device();
   const torch::Dtype dtype = run.dtype();
   const auto& ckpt = run.checkpoint();
@@ -184,9 +188,9 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   train::Checkpointer checkpointer(cfg.output_dir, cfg.train.keep_last_n_checkpoints,
                                    {.vlm = model, .value_head = value_head,
                                     .tokenizer = sm.tokenizer.get(), .image = sm.image},
-                                   optimizer.adamw(), ckpt ? run.state.step : -1);
+                                   optimizer, ckpt ? run.state.step : -1, run.is_main());
   if (ckpt) {
-    train::load_optimizer_and_rng(*ckpt, optimizer.adamw());
+    train::load_optimizer_and_rng(*ckpt, optimizer);
     if (run.state.extra.contains("curriculum")) curriculum.load_state(run.state.extra["curriculum"]);
   }
   const nlohmann::json recipe = config::to_json(cfg);

@@ -111,6 +111,7 @@ RmEvalResult evaluate_rm(model::RewardModel& rm, data::SampleContext ctx, const 
   while (max_n <= 0 || r.n < max_n) {
     auto samples = loader.next_batch();
     if (!samples) break;
+    if (samples->empty()) continue;  // a window whose records were all skipped
     if (max_n > 0 && r.n + static_cast<int64_t>(samples->size()) > max_n) {
       samples->resize(max_n - r.n);
     }
@@ -174,11 +175,12 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
   const data::PreferenceLimits limits{cfg.rm.max_prompt_length, cfg.rm.max_completion_length,
                                       cfg.data.max_length};
   data::StreamingLoader<RmSample> loader(
-      train_loader_options(cfg), [&](const nlohmann::json& rec, int64_t line) {
+      train_loader_options(cfg, run.world()), [&](const nlohmann::json& rec, int64_t line) {
         return make_rm_sample(rec, line, train_ctx, limits);
       });
   const int64_t n_records = data::count_records(cfg.data.train);
-  const int64_t per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps;
+  const int64_t per_step =
+      cfg.train.batch_size * cfg.train.gradient_accumulation_steps * run.world().world_size;
   const int64_t total_steps = train::total_steps_of(cfg.train, n_records, per_step);
   log_info("rm: " + std::to_string(n_records) + " preference pairs, " + std::to_string(per_step) +
            " pairs/step, " + std::to_string(total_steps) + " steps; Bradley-Terry loss" +
@@ -189,13 +191,14 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
 
   // ---- optimizer, checkpoints, resume ------------------------------------------------------
   train::Optimizer optimizer(train::named_parameters_of(*rm), cfg.optim, cfg.scheduler,
-                             cfg.train.clip_grad_norm, total_steps);
+                             cfg.train.clip_grad_norm, total_steps,
+                             run.process_group(), cfg.dist);
   train::Checkpointer checkpointer(
       cfg.output_dir, cfg.train.keep_last_n_checkpoints,
       {.reward_model = rm, .tokenizer = sm.tokenizer.get(), .image = sm.image},
-      optimizer.adamw(), ckpt ? run.state.step : -1);
+      optimizer, ckpt ? run.state.step : -1, run.is_main());
   if (ckpt) {
-    train::load_optimizer_and_rng(*ckpt, optimizer.adamw());
+    train::load_optimizer_and_rng(*ckpt, optimizer);
     loader.seek(run.state.loader);
   }
   const nlohmann::json recipe = config::to_json(cfg);
@@ -224,16 +227,22 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
   train::MetricWindow window;
   const int64_t n_micro = cfg.train.gradient_accumulation_steps;
   while (state.step < total_steps) {
+    // The step's micro-batches first: each one's loss is a mean over its pairs on all ranks.
+    auto step = next_step_batches(loader, n_micro, run, cfg.data.train);
+    auto& micro = step.micro;
+    const auto& pairs = step.global_counts;
     optimizer.zero_grad();
     double step_loss = 0.0;
     for (int64_t a = 0; a < n_micro; ++a) {
-      auto samples = loader.next_batch();
-      MMPOST_CHECK_DATA(samples.has_value(), cfg.data.train, ": no preference pairs");
-      auto rb = collate_rm(*samples, pad_id, device, dtype);
+      if (micro[a].empty()) continue;  // this rank's share of the window is empty
+      auto rb = collate_rm(micro[a], pad_id, device, dtype);
       const int64_t B = rb.b.batch_size;
       auto rewards = pair_rewards(rm, rb.b);  // [2B] float32
       auto rc = rewards.narrow(0, 0, B), rr = rewards.narrow(0, B, B);
       auto l = algo::bradley_terry_loss(rc, rr, rb.margin, cfg.rm.center_rewards_coefficient);
+      // The loss's terms are means over the B pairs here: weight them to a mean over all ranks'.
+      l.loss = l.loss * (static_cast<double>(B) / pairs[a]);
+      if (a + 1 == n_micro) optimizer.arm_gradient_sync();  // all-reduce during backward
       (l.loss / static_cast<double>(n_micro)).backward();
       // TRL RewardTrainer's metrics (accuracy, margin) under mmpost's rewards/* names: one
       // device-to-host copy per micro-batch.
@@ -250,6 +259,7 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
       window.count(rb.b.n_tokens, B);
       state.tokens_seen += rb.b.n_tokens;
     }
+    step_loss = run.all_sum({step_loss})[0];  // the step's loss over all ranks
     auto st = optimizer.step(state.step, step_loss);
     ++state.step;
     window.add("loss", step_loss);

@@ -48,24 +48,28 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   data::SampleContext train_ctx = ctx;  // eval (ctx) never augments
   train_ctx.random_shift = cfg.data.image.random_shift;
   data::StreamingLoader<data::SftSample> loader(
-      train_loader_options(cfg), [&train_ctx](const nlohmann::json& rec, int64_t line, uint64_t seed) {
+      train_loader_options(cfg, run.world()), [&train_ctx](const nlohmann::json& rec, int64_t line, uint64_t seed) {
         return data::make_sft_sample(rec, line, train_ctx, /*prompt_only=*/false, seed);
       });
   const int64_t n_records = data::count_records(cfg.data.train);
-  const int64_t per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps;
+  const int64_t world = run.world().world_size;
+  const int64_t per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps * world;
   const int64_t total_steps = train::total_steps_of(cfg.train, n_records, per_step);
   log_info("sft: " + std::to_string(n_records) + " training records, " +
-           std::to_string(per_step) + " samples/step, " + std::to_string(total_steps) + " steps");
+           std::to_string(per_step) + " samples/step" +
+           (world > 1 ? " (" + std::to_string(world) + " ranks)" : std::string()) + ", " +
+           std::to_string(total_steps) + " steps");
   if (run.finished(total_steps)) return run.report_already_finished();
 
   // ---- optimizer, checkpoints, resume ------------------------------------------------------
   train::Optimizer optimizer(train::named_parameters_of(*model), cfg.optim, cfg.scheduler,
-                             cfg.train.clip_grad_norm, total_steps);
+                             cfg.train.clip_grad_norm, total_steps,
+                             run.process_group(), cfg.dist);
   train::Checkpointer checkpointer(cfg.output_dir, cfg.train.keep_last_n_checkpoints,
                                    {.vlm = model, .tokenizer = sm.tokenizer.get(), .image = sm.image},
-                                   optimizer.adamw(), run.checkpoint() ? run.state.step : -1);
+                                   optimizer, run.checkpoint() ? run.state.step : -1, run.is_main());
   if (run.checkpoint()) {
-    train::load_optimizer_and_rng(*run.checkpoint(), optimizer.adamw());
+    train::load_optimizer_and_rng(*run.checkpoint(), optimizer);
     loader.seek(run.state.loader);
   }
   const nlohmann::json recipe = config::to_json(cfg);
@@ -93,30 +97,36 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   auto& state = run.state;
   train::MetricWindow window;
   while (state.step < total_steps) {
-    // Fetch the step's micro-batches first: the loss is normalized by all their targets.
+    // Fetch the step's micro-batches first: the loss is normalized by all their targets, summed
+    // over ranks (a rank may hold fewer samples, or none, in an epoch's last window).
     std::vector<data::Batch> micro;
     int64_t n_targets = 0;
     for (int64_t a = 0; a < cfg.train.gradient_accumulation_steps; ++a) {
       auto samples = loader.next_batch();
       MMPOST_CHECK_DATA(samples.has_value(), cfg.data.train, ": no training samples");
+      if (samples->empty()) continue;
       auto cpu_batch = data::collate(*samples, pad_id);
       n_targets += algo::n_supervised_targets(cpu_batch.labels);  // on the CPU: no device sync
       micro.push_back(cpu_batch.to(device, dtype));
       window.count(micro.back().n_tokens, static_cast<int64_t>(samples->size()));
       state.tokens_seen += micro.back().n_tokens;
     }
-    MMPOST_CHECK_DATA(n_targets > 0, "step ", state.step + 1,
+    const double global_targets = run.all_sum({static_cast<double>(n_targets)})[0];
+    MMPOST_CHECK_DATA(global_targets > 0, "step ", state.step + 1,
                       ": the batch has no supervised token (all labels are -100)",
                       "\n  hint: check data.max_length and that records have assistant replies");
     optimizer.zero_grad();
     torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
-    for (const auto& b : micro) {
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const auto& b = micro[k];
       auto logits = model->forward(b.input_ids, b.pixel_values, b.attention_mask);  // [B, T, V]
-      auto loss = algo::sft_loss_sum(logits, b.labels) / static_cast<double>(n_targets);
+      auto loss = algo::sft_loss_sum(logits, b.labels) / global_targets;
+      if (k + 1 == micro.size()) optimizer.arm_gradient_sync();  // all-reduce during backward
       loss.backward();
       step_loss += loss.detach().to(torch::kFloat64);
     }
-    const double loss = step_loss.item<double>();  // one device sync per step
+    // One device sync per step; the loss of the whole step over all ranks.
+    const double loss = run.all_sum({step_loss.item<double>()})[0];
     auto st = optimizer.step(state.step, loss);
     ++state.step;
     window.add("loss", loss);

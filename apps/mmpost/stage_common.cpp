@@ -38,8 +38,11 @@ int64_t count_params(const model::Vlm& m, bool trainable_only) {
   return n;
 }
 
-data::LoaderOptions train_loader_options(const config::CommonConfig& cfg) {
+data::LoaderOptions train_loader_options(const config::CommonConfig& cfg,
+                                         const dist::WorldInfo& world) {
   data::LoaderOptions lo;
+  lo.rank = world.rank;
+  lo.world_size = world.world_size;
   lo.path = cfg.data.train;
   lo.batch_size = cfg.train.batch_size;
   lo.num_workers = cfg.data.num_workers;

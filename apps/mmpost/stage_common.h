@@ -12,7 +12,9 @@
 #include "mmpost/data/loader.h"
 #include "mmpost/data/sft_dataset.h"
 #include "mmpost/data/tokenizer.h"
+#include "mmpost/dist/process_group.h"
 #include "mmpost/model/vlm.h"
+#include "mmpost/train/run.h"
 
 namespace mmpost::cli {
 
@@ -45,9 +47,37 @@ int64_t count_params(const model::Vlm& m, bool trainable_only);
 data::SampleContext make_sample_context(const StageModel& sm, const config::DataSection& data,
                                         const std::string& path);
 
-/// Loader options for the training stream of a recipe: data.train, train.batch_size, the data
-/// section's workers, shuffle buffer and prefetch, the seed, on_bad_sample, endless repetition.
-data::LoaderOptions train_loader_options(const config::CommonConfig& cfg);
+/// Loader options for the training stream of a recipe: data.train, train.batch_size (per rank),
+/// the data section's workers, shuffle buffer and prefetch, the seed, on_bad_sample, endless
+/// repetition, and this process's rank and world size (each rank gets its share of every window
+/// of batch_size * world_size records).
+data::LoaderOptions train_loader_options(const config::CommonConfig& cfg,
+                                         const dist::WorldInfo& world);
+
+/// The micro-batches of one optimizer step, fetched before any forward so that each loss can be
+/// normalized by its micro-batch's sample count over all ranks (a rank's share may be empty).
+template <class Sample>
+struct StepBatches {
+  std::vector<std::vector<Sample>> micro;  // [n_micro] this rank's samples of each window
+  std::vector<double> global_counts;       // [n_micro] samples of each window over all ranks
+};
+
+/// Fetches `n_micro` batches from the endless training `loader` and sums their sizes over the
+/// ranks of `run` (one small all-reduce). Throws Error(kData) naming `path` when the loader ends,
+/// dist::DistError when a peer fails.
+template <class Sample>
+StepBatches<Sample> next_step_batches(data::StreamingLoader<Sample>& loader, int64_t n_micro,
+                                      const train::Run& run, const std::string& path) {
+  StepBatches<Sample> s;
+  for (int64_t a = 0; a < n_micro; ++a) {
+    auto samples = loader.next_batch();
+    MMPOST_CHECK_DATA(samples.has_value(), path, ": no training samples");
+    s.global_counts.push_back(static_cast<double>(samples->size()));
+    s.micro.push_back(std::move(*samples));
+  }
+  s.global_counts = run.all_sum(std::move(s.global_counts));
+  return s;
+}
 
 /// Pad id for collation: the tokenizer's pad, else EOS.
 int64_t pad_id_of(const data::Tokenizer& tok);

@@ -2,7 +2,7 @@
 // SIGTERM checkpoint + resume equals a straight run for sft, dpo, rm and rlhf; a resumed run
 // survives pruning of the folder it resumed from; gradient accumulation equals one big batch;
 // frozen parts stay byte-identical; a finished run is left untouched on rerun; a second writer is
-// refused; --no-resume starts clean; multi-process launches are refused; shell conveniences.
+// refused; --no-resume starts clean; shell conveniences (multi-process runs: test_dist_cli.cpp).
 // Every comparison is between two runs on the same machine, so none depends on the CPU's
 // floating-point path.
 #include <signal.h>
@@ -19,12 +19,16 @@
 #include "catch.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/io/safetensors.h"
+#include "e2e_util.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
 using mmpost::testing::read_all;
 using mmpost::testing::run_cli;
 using mmpost::testing::TempDir;
+using mmpost::testing::tiny_model;
+using mmpost::testing::train_rows;
+using mmpost::testing::write_prefs;
 
 namespace {
 
@@ -61,18 +65,6 @@ int wait_cli(pid_t pid, double timeout_s = 120) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-/// Training rows (those with "loss") of a metrics.jsonl.
-std::vector<nlohmann::json> train_rows(const fs::path& file) {
-  std::vector<nlohmann::json> out;
-  if (!fs::exists(file)) return out;
-  mmpost::io::JsonlReader r(file);
-  mmpost::io::JsonlRecord rec;
-  while (r.next(rec)) {
-    if (rec.error.empty() && rec.value.contains("loss")) out.push_back(rec.value);
-  }
-  return out;
-}
-
 /// Polls until metrics.jsonl has a training row (the loop is running), up to 60 s.
 bool wait_for_first_step(const fs::path& run, pid_t pid) {
   for (int i = 0; i < 12000; ++i) {
@@ -89,38 +81,6 @@ nlohmann::json last_json_line(const std::string& out) {
   REQUIRE(end != std::string::npos);
   auto begin = out.rfind('\n', end);
   return nlohmann::json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1));
-}
-
-/// A tiny SFT model folder (one step from random init): the start of dpo, rm and rlhf runs.
-fs::path tiny_model(const fs::path& dir) {
-  auto out = dir / "start";
-  auto r = run_cli("sft -r recipes/tiny/sft-tiny.json --output " + out.string() +
-                       " --set data.eval= --set train.max_steps=1",
-                   dir / "log_start");
-  INFO(r.err);
-  REQUIRE(r.code == 0);
-  return out;
-}
-
-/// `n` pairs (right digit chosen, another rejected) with absolute image paths.
-fs::path write_prefs(const fs::path& dir, int n) {
-  mmpost::io::JsonlReader in(kDigits / "train.jsonl");
-  mmpost::io::JsonlRecord rec;
-  auto path = dir / "prefs.jsonl";
-  std::ofstream out(path);
-  for (int i = 0; i < n && in.next(rec); ++i) {
-    auto& r = rec.value;
-    auto answer = r["messages"][1]["content"].get<std::string>();
-    out << nlohmann::json{{"images", {(kDigits / r["images"][0].get<std::string>()).string()}},
-                          {"prompt", {r["messages"][0]}},
-                          {"chosen", {{{"role", "assistant"}, {"content", answer}}}},
-                          {"rejected",
-                           {{{"role", "assistant"},
-                             {"content", std::to_string((std::stoi(answer) + 3) % 10)}}}}}
-                .dump()
-        << "\n";
-  }
-  return path;
 }
 
 /// `n` digit prompts whose answer is "7".
@@ -351,24 +311,6 @@ TEST_CASE("model.freeze keeps the frozen part byte-identical", "[e2e][run]") {
   }
   CHECK(n_frozen > 4);
   CHECK(n_changed > 4);  // the rest trained
-}
-
-TEST_CASE("multi-process launches are refused until data parallelism exists", "[e2e][run]") {
-  TempDir dir("run_world");
-  auto r = run_cli("sft -r recipes/tiny/sft-tiny.json --set data.eval= --set train.max_steps=1 "
-                   "--output " + (dir.path / "run").string(),
-                   dir.path / "log");
-  REQUIRE(r.code == 0);  // the same command in one process works
-  for (const char* env : {"WORLD_SIZE=2", "SLURM_NTASKS=2"}) {
-    std::string cmd = std::string("cd ") + MMPOST_SOURCE_DIR + " && env " + env + " " +
-                      MMPOST_BINARY + " sft -r recipes/tiny/sft-tiny.json --set data.eval= "
-                      "--set train.max_steps=1 --output " +
-                      (dir.path / "run2").string() + " 2> " + (dir.path / "err.txt").string();
-    int status = std::system(cmd.c_str());
-    CHECK(WEXITSTATUS(status) == 2);
-    CHECK_THAT(read_all(dir.path / "err.txt"), HasSubstr("multi-process"));
-    CHECK_FALSE(fs::exists(dir.path / "run2" / "metrics.jsonl"));
-  }
 }
 
 TEST_CASE("shell conveniences: --version, unknown subcommand, defaults with docs, stdin",

@@ -157,7 +157,7 @@ TEST_CASE("Checkpointer: atomic folders, one save per step, tokenizer from memor
   fs::create_directories(out);
   train::Checkpointer ck(out, /*keep_last=*/2,
                          {.vlm = vlm, .value_head = value_head, .tokenizer = tok.get()},
-                         opt.adamw(), /*last_saved_step=*/-1);
+                         opt, /*last_saved_step=*/-1);
   // fp32 model + two AdamW moments per trainable parameter (all are) + tokenizer, plus slack.
   int64_t n = 0;
   for (const auto& [k, p] : named) n += p.numel();

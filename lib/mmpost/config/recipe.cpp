@@ -68,6 +68,9 @@ void CommonConfig::validate_common() const {
                      "train.keep_last_n_checkpoints: must be >= 1");
   MMPOST_CHECK_USAGE(num_threads >= 0, "num_threads: must be >= 0");
   check_one_of("dtype", dtype, {"auto", "float32", "bfloat16"});
+  check_one_of("dist.backend", dist.backend, {"auto", "gloo", "nccl"});
+  MMPOST_CHECK_USAGE(dist.timeout_s > 0, "dist.timeout_s: must be > 0");
+  MMPOST_CHECK_USAGE(dist.bucket_mb > 0, "dist.bucket_mb: must be > 0");
 }
 
 namespace {

@@ -125,6 +125,22 @@ struct TrainSection {
   }
 };
 
+/// Data-parallel training over torch.distributed (c10d) when launched by torchrun or srun with
+/// more than one process (dist/process_group.h reads the launcher's environment).
+struct DistSection {
+  double timeout_s = 300;       // store rendezvous and every collective; a dead peer -> error
+  double bucket_mb = 25;        // gradient all-reduce bucket size (MiB), as DDP's bucket_cap_mb
+  bool shard_optimizer = false; // ZeRO-1: AdamW state partitioned across ranks
+  std::string backend = "auto"; // auto (nccl on CUDA, gloo on CPU) | gloo | nccl
+  template <class V>
+  void visit(V& v) {
+    v("timeout_s", timeout_s, "seconds a rank waits for its peers before failing (store, collectives)");
+    v("bucket_mb", bucket_mb, "gradient all-reduce bucket size in MiB");
+    v("shard_optimizer", shard_optimizer, "ZeRO-1: partition AdamW state across ranks");
+    v("backend", backend, "auto | gloo | nccl");
+  }
+};
+
 /// The fields every training stage's recipe shares (sft, dpo, rm, rlhf): one place for their
 /// defaults, descriptions and validation (validate_common).
 struct CommonConfig {
@@ -138,6 +154,7 @@ struct CommonConfig {
   OptimSection optim;
   SchedulerSection scheduler;
   TrainSection train;
+  DistSection dist;
   template <class V>
   void visit_common(V& v) {
     v("output_dir", output_dir, "where checkpoints, metrics and the final model go");
@@ -150,6 +167,7 @@ struct CommonConfig {
     v("optim", optim, "AdamW");
     v("scheduler", scheduler, "learning-rate schedule");
     v("train", train, "loop sizes, logging, evaluation and checkpoints");
+    v("dist", dist, "data-parallel training (torchrun / srun launches)");
   }
   /// The rules every stage shares; throws Error(kUsage) naming the field.
   void validate_common() const;

@@ -13,7 +13,7 @@
 namespace mmpost {
 namespace {
 std::mutex g_log_mutex;
-int g_rank = 0;
+int g_rank = 0, g_world = 1;
 Progress* g_active_bar = nullptr;
 
 std::string timestamp() {
@@ -23,17 +23,24 @@ std::string timestamp() {
   return buf;
 }
 
-void emit(const std::string& prefix, const std::string& msg) {
-  if (g_rank != 0) return;
+void emit(const std::string& prefix, const std::string& msg, bool every_rank) {
+  if (g_rank != 0 && !every_rank) return;
   std::lock_guard<std::mutex> lock(g_log_mutex);
   if (g_active_bar != nullptr) std::cerr << "\r\033[2K";
-  std::cerr << "[mmpost " << timestamp() << "] " << prefix << msg << std::endl;
+  std::cerr << "[mmpost " << timestamp() << "] " << rank_prefix() << prefix << msg << std::endl;
 }
 }  // namespace
 
-void log_info(const std::string& msg) { emit("", msg); }
-void log_warn(const std::string& msg) { emit("warning: ", msg); }
-void set_log_rank(int rank) { g_rank = rank; }
+void log_info(const std::string& msg) { emit("", msg, false); }
+void log_warn(const std::string& msg) { emit("warning: ", msg, true); }
+void set_log_rank(int rank, int world_size) {
+  g_rank = rank;
+  g_world = world_size;
+}
+std::string rank_prefix() {
+  return g_world > 1 ? "[rank " + std::to_string(g_rank) + "/" + std::to_string(g_world) + "] "
+                     : std::string();
+}
 bool stderr_is_tty() { return ::isatty(STDERR_FILENO) == 1; }
 
 std::string format_duration(double s) {

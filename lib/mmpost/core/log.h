@@ -10,10 +10,13 @@ namespace mmpost {
 
 /// Writes "[mmpost HH:MM:SS] msg" to stderr; thread-safe; ranks other than 0 stay quiet.
 void log_info(const std::string& msg);
-/// Same with a "warning: " prefix.
+/// "[mmpost HH:MM:SS] [rank R/N] warning: msg" on every rank (the rank tag only when N > 1).
 void log_warn(const std::string& msg);
-/// Sets the distributed rank used to silence non-zero ranks (default 0).
-void set_log_rank(int rank);
+/// Sets the distributed rank and world size (default 0 of 1): info lines come from rank 0 only,
+/// warnings and errors from every rank, tagged with rank_prefix().
+void set_log_rank(int rank, int world_size);
+/// "[rank R/N] " in a multi-process run, "" otherwise.
+std::string rank_prefix();
 /// True when stderr is a terminal (progress bars are drawn only then).
 bool stderr_is_tty();
 

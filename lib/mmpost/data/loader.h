@@ -1,7 +1,10 @@
 // Streaming loader: reads JSONL lazily, shuffles within a seeded buffer, preprocesses on N worker
 // threads into a bounded window, and hands out samples in a deterministic order (independent of
-// thread timing) so runs and resumes are reproducible. Rank sharding: record k goes to rank
-// k % world_size. Bad records become counted skips or an Error(kData), per on_bad_sample.
+// thread timing) so runs and resumes are reproducible. Rank sharding: every rank reads the same
+// shuffled stream and preprocesses only the positions p with p % world_size == rank, and each
+// step takes one window of batch_size * world_size positions, so N ranks with batch B see exactly
+// the samples of one process with batch N*B. Bad records become counted skips or an
+// Error(kData), per on_bad_sample.
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -38,7 +41,9 @@ struct LoaderOptions {
   int rank = 0, world_size = 1;
 };
 
-/// Position in the stream, saved in checkpoints: epoch and records handed out in it.
+/// Position in the stream, saved in checkpoints: the epoch and the stream position (records of
+/// the shuffled epoch, over all ranks) where the next window starts. The same on every rank, so a
+/// checkpoint from N ranks resumes on any number of ranks.
 struct LoaderCursor {
   int64_t epoch = 0;
   int64_t consumed = 0;
@@ -78,47 +83,63 @@ class StreamingLoader {
   LoaderCursor cursor() const { return cursor_; }
   int64_t n_skipped() const { return n_skipped_; }
 
-  /// Next batch of up to batch_size samples; a short batch ends an epoch. std::nullopt once the
-  /// data is exhausted (repeat == false). Throws Error(kData) for a bad record unless skip_bad,
-  /// and Error(kData) if an epoch yields no valid sample at all.
+  /// This rank's share of the next window of the stream: the next batch_size * world_size
+  /// records (one global batch), of which this rank gets those at stream positions p with
+  /// p % world_size == rank, so the union over ranks is exactly the batch that one process with
+  /// batch_size * world_size would get. A bad record under skip_bad is dropped from its window
+  /// (the batch is smaller; it is not refilled), so every rank agrees on the windows. The last
+  /// window of an epoch may be short, and a rank's share of it may be empty: an empty vector
+  /// (the rank still takes the step, contributing no sample). With repeat the next call starts
+  /// the next epoch; otherwise std::nullopt once the data is exhausted. Throws Error(kData) for a
+  /// bad record unless skip_bad, and Error(kData) if every record this rank owned in an epoch was
+  /// bad.
   std::optional<std::vector<Sample>> next_batch() {
     std::vector<Sample> batch;
-    while (static_cast<int64_t>(batch.size()) < opts_.batch_size) {
+    while (true) {
       if (!running_) {
-        if (finished_) break;
+        if (finished_) return std::nullopt;
         start_epoch();
       }
-      auto r = take_next();
-      if (!r) {  // end of epoch
-        stop_epoch();
-        if (epoch_valid_ == 0) {
-          throw Error(ErrorKind::kData, opts_.path + ": no usable sample in epoch " +
-                                            std::to_string(cursor_.epoch) + " (" +
-                                            std::to_string(n_skipped_) + " skipped)");
+      const int64_t w0 = cursor_.consumed, w1 = w0 + opts_.batch_size * opts_.world_size;
+      bool epoch_end = false;
+      while (next_seq_ < w1) {
+        auto r = take_next();
+        if (!r) {
+          epoch_end = true;
+          break;
         }
-        ++cursor_.epoch;
-        cursor_.consumed = 0;
-        if (!opts_.repeat) finished_ = true;
-        if (!batch.empty()) break;
-        if (finished_) return std::nullopt;
-        continue;
-      }
-      ++cursor_.consumed;
-      if (!r->error.empty()) {
-        if (!opts_.skip_bad) {
-          stop_epoch();
-          throw Error(ErrorKind::kData, r->error,
-                      "fix the record, or skip bad records and count them (recipe: "
-                      "data.on_bad_sample=skip; eval: --on-bad-sample skip)");
+        ++epoch_owned_;
+        if (!r->error.empty()) {
+          if (!opts_.skip_bad) {
+            stop_epoch();
+            throw Error(ErrorKind::kData, r->error,
+                        "fix the record, or skip bad records and count them (recipe: "
+                        "data.on_bad_sample=skip; eval: --on-bad-sample skip)");
+          }
+          if (++n_skipped_ <= 10) log_warn("skipped: " + r->error);
+          continue;
         }
-        if (++n_skipped_ <= 10) log_warn("skipped: " + r->error);
-        continue;
+        ++epoch_valid_;
+        batch.push_back(std::move(*r->sample));
       }
-      ++epoch_valid_;
-      batch.push_back(std::move(*r->sample));
+      if (!epoch_end) {
+        cursor_.consumed = w1;
+        return batch;
+      }
+      // End of the epoch (the same window on every rank: the record count is global).
+      stop_epoch();
+      if (epoch_owned_ > 0 && epoch_valid_ == 0) {
+        throw Error(ErrorKind::kData, opts_.path + ": no usable sample in epoch " +
+                                          std::to_string(cursor_.epoch) + " (" +
+                                          std::to_string(n_skipped_) + " skipped)");
+      }
+      const bool window_had_records = w0 < total_seq_;
+      ++cursor_.epoch;
+      cursor_.consumed = 0;
+      if (!opts_.repeat) finished_ = true;
+      if (window_had_records) return batch;  // the epoch's short last window (maybe empty here)
+      if (finished_) return std::nullopt;
     }
-    if (batch.empty()) return std::nullopt;
-    return batch;
   }
 
  private:
@@ -135,9 +156,10 @@ class StreamingLoader {
     running_ = true;
     stop_ = false;
     producer_done_ = false;
-    next_seq_ = cursor_.consumed;
+    next_seq_ = first_owned(cursor_.consumed);
     total_seq_ = -1;
     epoch_valid_ = cursor_.consumed > 0 ? 1 : 0;  // a resumed epoch already had valid samples
+    epoch_owned_ = epoch_valid_;
     results_.clear();
     work_.clear();
     producer_ = std::thread([this] { produce(); });
@@ -157,17 +179,27 @@ class StreamingLoader {
     running_ = false;
   }
 
-  int64_t window() const { return opts_.prefetch * opts_.batch_size + opts_.num_workers; }
+  // Stream positions this rank may preprocess ahead of the consumer.
+  int64_t window() const {
+    return (opts_.prefetch * opts_.batch_size + opts_.num_workers) * opts_.world_size;
+  }
+  // The first stream position >= p that belongs to this rank.
+  int64_t first_owned(int64_t p) const {
+    const int64_t w = opts_.world_size, r = opts_.rank;
+    return p + ((r - p % w) % w + w) % w;
+  }
 
-  // Producer: reads records, shards, shuffles within the buffer, queues them in seq order.
+  // Producer: reads every record, shuffles within the buffer (the same stream on every rank), and
+  // queues this rank's positions (seq % world_size == rank) in seq order.
   void produce() {
     try {
       io::JsonlReader reader(opts_.path);
       std::mt19937_64 rng(opts_.seed * 1000003ULL + static_cast<uint64_t>(cursor_.epoch));
       std::vector<io::JsonlRecord> buffer;
-      int64_t index = 0, seq = 0;
+      int64_t seq = 0;
       auto emit = [&](io::JsonlRecord&& rec) -> bool {
         int64_t s = seq++;
+        if (s % opts_.world_size != opts_.rank) return true;  // another rank's record
         if (s < cursor_.consumed) return true;  // resumed: already consumed, not preprocessed
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [&] { return stop_ || s < next_seq_ + window(); });
@@ -187,7 +219,6 @@ class StreamingLoader {
       io::JsonlRecord rec;
       bool ok = true;
       while (ok && reader.next(rec)) {
-        if (index++ % opts_.world_size != opts_.rank) continue;
         if (opts_.shuffle_buffer <= 1) {
           ok = emit(std::move(rec));
           continue;
@@ -259,7 +290,7 @@ class StreamingLoader {
     if (it == results_.end()) return std::nullopt;
     Result r = std::move(it->second);
     results_.erase(it);
-    ++next_seq_;
+    next_seq_ += opts_.world_size;
     cv_.notify_all();
     return r;
   }
@@ -268,7 +299,7 @@ class StreamingLoader {
   MakeFn make_;
   LoaderCursor cursor_;
   int64_t n_skipped_ = 0;
-  int64_t epoch_valid_ = 0;
+  int64_t epoch_valid_ = 0, epoch_owned_ = 0;
   bool running_ = false, finished_ = false;
 
   std::mutex mu_;

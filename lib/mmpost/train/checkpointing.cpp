@@ -75,31 +75,38 @@ void load_value_head(torch::nn::Linear& head, const fs::path& dir) {
 }
 
 Checkpointer::Checkpointer(fs::path output_dir, int64_t keep_last, ModelBundle bundle,
-                           torch::optim::Optimizer& optimizer, int64_t last_saved_step)
+                           Optimizer& optimizer, int64_t last_saved_step, bool writer)
     : out_(std::move(output_dir)), keep_last_(keep_last), bundle_(std::move(bundle)),
-      optimizer_(optimizer), last_saved_(last_saved_step) {
+      optimizer_(optimizer), last_saved_(last_saved_step), writer_(writer) {
   torch::nn::Module* m = bundle_.reward_model ? static_cast<torch::nn::Module*>(
                                                     bundle_.reward_model.ptr().get())
                                               : bundle_.vlm.ptr().get();
   for (const auto& p : m->parameters()) bytes_needed_ += p.numel() * 4;  // saved as float32
   if (bundle_.value_head) bytes_needed_ += (bundle_.value_head->weight.numel() + 1) * 4;
-  for (const auto& g : optimizer_.param_groups()) {
-    for (const auto& p : g.params()) bytes_needed_ += 2 * p.numel() * p.element_size();  // m, v
-  }
+  bytes_needed_ += optimizer_.state_bytes_estimate();  // AdamW m and v
   if (bundle_.tokenizer) bytes_needed_ += bundle_.tokenizer->model_bytes().size();
   bytes_needed_ += bytes_needed_ / 20 + (uint64_t{256} << 10);  // headers, json, file system
 }
 
 fs::path Checkpointer::save(const TrainState& state, const nlohmann::json& recipe) {
   const fs::path dir = io::step_dir(out_, state.step);
-  if (state.step == last_saved_ && io::is_complete(dir)) return dir;
+  if (state.step == last_saved_) return dir;  // a stop signal on a save step (or the resumed one)
+  const std::string optimizer_bytes = optimizer_.state_bytes();  // collective under ZeRO-1
+  if (!writer_) {
+    last_saved_ = state.step;
+    return dir;
+  }
   const fs::path tmp = out_ / ("." + dir.filename().string() + ".tmp." + std::to_string(::getpid()));
   try {
     io::check_free_space(out_, bytes_needed_);
     fs::remove_all(tmp);
     fs::create_directories(tmp);
     save_model_bundle(tmp, bundle_);
-    save_torch_atomic(optimizer_, tmp / "optimizer.pt");
+    {
+      io::AtomicFile f(tmp / "optimizer.pt");
+      f.write(optimizer_bytes.data(), optimizer_bytes.size());
+      f.commit();
+    }
     save_torch_atomic(at::detail::getDefaultCPUGenerator().get_state(), tmp / "rng.pt");
     nlohmann::json j = {
         {"format_version", kStateFormatVersion},
@@ -135,6 +142,7 @@ fs::path Checkpointer::save(const TrainState& state, const nlohmann::json& recip
 }
 
 void Checkpointer::export_final() {
+  if (!writer_) return;
   try {
     io::check_free_space(out_, bytes_needed_);
     save_model_bundle(out_, bundle_);
@@ -170,9 +178,9 @@ TrainState read_train_state(const fs::path& dir) {
   }
 }
 
-void load_optimizer_and_rng(const fs::path& dir, torch::optim::Optimizer& optimizer) {
+void load_optimizer_and_rng(const fs::path& dir, Optimizer& optimizer) {
+  optimizer.load_state(dir / "optimizer.pt");
   try {
-    torch::load(optimizer, (dir / "optimizer.pt").string());
     torch::Tensor rng;
     torch::load(rng, (dir / "rng.pt").string());
     auto gen = at::detail::getDefaultCPUGenerator();

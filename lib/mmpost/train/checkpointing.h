@@ -18,6 +18,7 @@
 #include "mmpost/data/tokenizer.h"
 #include "mmpost/model/reward_model.h"
 #include "mmpost/model/vlm.h"
+#include "mmpost/train/optimizer.h"
 
 namespace mmpost::train {
 
@@ -56,17 +57,21 @@ class Checkpointer {
   /// `last_saved_step`: the step of the checkpoint the run resumed from (-1: none), so a save of
   /// the same step is skipped. The free-space need is estimated from `model_bytes` (all
   /// parameters, float32) plus the optimizer's two AdamW moments of every trainable parameter.
+  /// `writer`: this process writes (rank 0); the others only join the collective part of a save
+  /// (gathering a sharded optimizer state) and write nothing.
   Checkpointer(std::filesystem::path output_dir, int64_t keep_last, ModelBundle bundle,
-               torch::optim::Optimizer& optimizer, int64_t last_saved_step);
+               Optimizer& optimizer, int64_t last_saved_step, bool writer = true);
 
   /// Writes OUTPUT/step_<state.step> (model folder, optimizer.pt, rng.pt, state.json, DONE) via a
-  /// temporary folder, then prunes to keep_last complete checkpoints. Does nothing when that step
+  /// temporary folder, then prunes to keep_last complete checkpoints. Every rank of a
+  /// multi-process run calls it at the same step; only the writer writes. Does nothing when that step
   /// was saved already (a stop signal on a save step). Returns the folder. Throws Error(kRuntime)
   /// naming the folder and the space needed (full disk, I/O error); the previous checkpoint is
   /// then intact and no partial folder is left.
   std::filesystem::path save(const TrainState& state, const nlohmann::json& recipe);
 
-  /// Writes the final model folder at the top level of the output folder. Throws Error(kRuntime).
+  /// Writes the final model folder at the top level of the output folder (the writer only).
+  /// Throws Error(kRuntime).
   void export_final();
 
   /// Bytes a checkpoint needs on disk (estimate used by the free-space check).
@@ -76,15 +81,17 @@ class Checkpointer {
   std::filesystem::path out_;
   int64_t keep_last_;
   ModelBundle bundle_;
-  torch::optim::Optimizer& optimizer_;
+  Optimizer& optimizer_;
   int64_t last_saved_;
+  bool writer_;
   uint64_t bytes_needed_ = 0;
 };
 
 /// Reads state.json of a checkpoint folder. Throws Error(kRuntime) for an unknown format version.
 TrainState read_train_state(const std::filesystem::path& dir);
 
-/// Restores optimizer.pt and rng.pt of a checkpoint folder into `optimizer` and torch's CPU RNG.
-void load_optimizer_and_rng(const std::filesystem::path& dir, torch::optim::Optimizer& optimizer);
+/// Restores optimizer.pt and rng.pt of a checkpoint folder into `optimizer` (its own shard under
+/// ZeRO-1) and torch's CPU RNG. Throws Error(kRuntime) naming the folder.
+void load_optimizer_and_rng(const std::filesystem::path& dir, Optimizer& optimizer);
 
 }  // namespace mmpost::train

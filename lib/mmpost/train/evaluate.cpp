@@ -54,6 +54,7 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
   while (opts.max_samples <= 0 || r.n < opts.max_samples) {
     auto samples = loader.next_batch();
     if (!samples) break;
+    if (samples->empty()) continue;  // a window whose records were all skipped
     if (opts.max_samples > 0 && r.n + static_cast<int64_t>(samples->size()) > opts.max_samples) {
       samples->resize(opts.max_samples - r.n);
     }

@@ -2,6 +2,7 @@
 #include "mmpost/train/optimizer.h"
 
 #include <cmath>
+#include <sstream>
 
 #include "mmpost/core/check.h"
 
@@ -89,15 +90,78 @@ std::vector<std::pair<std::string, torch::Tensor>> named_parameters_of(torch::nn
   return out;
 }
 
+namespace {
+
+/// ZeRO-1 owners: contiguous runs of the trainable tensors, balanced by element count.
+std::vector<int> partition_by_numel(const std::vector<torch::Tensor>& params, int world) {
+  int64_t total = 0;
+  for (const auto& p : params) total += p.numel();
+  std::vector<int> owner(params.size(), 0);
+  int64_t before = 0;
+  for (size_t k = 0; k < params.size(); ++k) {
+    // The rank whose share [r*total/world, (r+1)*total/world) holds this tensor's midpoint.
+    const int64_t mid = before + params[k].numel() / 2;
+    owner[k] = static_cast<int>(std::min<int64_t>(world - 1, mid * world / std::max<int64_t>(1, total)));
+    before += params[k].numel();
+  }
+  return owner;
+}
+
+torch::optim::AdamWParamState* adam_state(torch::optim::Optimizer& opt, const torch::Tensor& p) {
+  auto it = opt.state().find(p.unsafeGetTensorImpl());
+  return it == opt.state().end() ? nullptr
+                                 : static_cast<torch::optim::AdamWParamState*>(it->second.get());
+}
+
+}  // namespace
+
 Optimizer::Optimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named,
                      const config::OptimSection& optim, const config::SchedulerSection& scheduler,
-                     double clip_grad_norm, int64_t total_steps)
-    : adamw_(make_adamw(named, {optim.lr, optim.betas[0], optim.betas[1], optim.eps,
-                                optim.weight_decay})),
-      optim_(optim), scheduler_(scheduler), clip_(clip_grad_norm), total_(total_steps) {
+                     double clip_grad_norm, int64_t total_steps, dist::ProcessGroup* pg,
+                     const config::DistSection& dist)
+    : optim_(optim), scheduler_(scheduler), clip_(clip_grad_norm), total_(total_steps), pg_(pg) {
   for (const auto& [name, p] : named) {
-    if (p.requires_grad()) trainable_.push_back(p);
+    if (p.requires_grad()) {
+      trainable_.push_back(p);
+      named_trainable_.emplace_back(name, p);
+    }
   }
+  const AdamWOptions opts{optim.lr, optim.betas[0], optim.betas[1], optim.eps, optim.weight_decay};
+  if (pg_ == nullptr || pg_->world_size() == 1) {
+    adamw_ = make_adamw(named, opts);
+    return;
+  }
+  rank_ = pg_->rank();
+  {  // every rank starts from rank 0's weights (all of them, frozen parts included)
+    torch::NoGradGuard no_grad;
+    std::vector<torch::Tensor> all;
+    for (const auto& [name, p] : named) all.push_back(p.detach());
+    pg_->broadcast(all, 0);
+  }
+  sync_ = std::make_unique<dist::GradientSync>(*pg_, trainable_, dist.bucket_mb);
+  if (!dist.shard_optimizer) {
+    adamw_ = make_adamw(named, opts);
+    return;
+  }
+  owner_ = partition_by_numel(trainable_, pg_->world_size());
+  std::vector<std::pair<std::string, torch::Tensor>> mine;
+  for (size_t k = 0; k < trainable_.size(); ++k) {
+    if (owner_[k] == rank_) mine.push_back(named_trainable_[k]);
+  }
+  MMPOST_CHECK_USAGE(!mine.empty(), "dist.shard_optimizer: rank ", rank_, " of ",
+                     pg_->world_size(), " owns no parameter (", trainable_.size(),
+                     " trainable tensors); use fewer ranks or dist.shard_optimizer=false");
+  adamw_ = make_adamw(mine, opts);
+}
+
+Optimizer::~Optimizer() = default;
+
+void Optimizer::zero_grad() {
+  for (auto& p : trainable_) p.mutable_grad() = torch::Tensor();  // as torch's set_to_none
+}
+
+void Optimizer::arm_gradient_sync() {
+  if (sync_) sync_->arm();
 }
 
 double Optimizer::lr_at(int64_t step) const {
@@ -106,6 +170,7 @@ double Optimizer::lr_at(int64_t step) const {
 }
 
 StepStats Optimizer::step(int64_t step, double loss) {
+  if (sync_) sync_->finish();  // every rank, before any check, so no rank is left waiting
   MMPOST_CHECK(std::isfinite(loss), "step ", step + 1, ": loss is ", loss,
                "; stopping before the update so the last checkpoint stays valid",
                "\n  hint: lower optim.lr, keep train.clip_grad_norm > 0, or use dtype float32");
@@ -117,7 +182,94 @@ StepStats Optimizer::step(int64_t step, double loss) {
   s.lr = lr_at(step);
   set_lr(*adamw_, s.lr);
   adamw_->step();
+  if (!owner_.empty()) {  // ZeRO-1: each rank's updated share to everyone
+    torch::NoGradGuard no_grad;
+    for (int r = 0; r < pg_->world_size(); ++r) {
+      std::vector<torch::Tensor> share;
+      for (size_t k = 0; k < trainable_.size(); ++k) {
+        if (owner_[k] == r) share.push_back(trainable_[k].detach());
+      }
+      pg_->broadcast(share, r);
+    }
+  }
   return s;
+}
+
+std::string Optimizer::state_bytes() {
+  std::ostringstream os(std::ios::binary);
+  if (owner_.empty()) {
+    if (rank_ == 0) torch::save(*adamw_, os);
+    return os.str();
+  }
+  // ZeRO-1: rebuild the unsharded AdamW on every rank from the owners' shards (flag, step, m, v
+  // per tensor, broadcast by the owner), then rank 0 serializes it.
+  const AdamWOptions opts{optim_.lr, optim_.betas[0], optim_.betas[1], optim_.eps,
+                          optim_.weight_decay};
+  auto full = make_adamw(named_trainable_, opts);
+  set_lr(*full, static_cast<torch::optim::AdamWOptions&>(adamw_->param_groups()[0].options()).lr());
+  for (int r = 0; r < pg_->world_size(); ++r) {
+    std::vector<size_t> ks;
+    std::vector<torch::Tensor> t;
+    for (size_t k = 0; k < trainable_.size(); ++k) {
+      if (owner_[k] != r) continue;
+      ks.push_back(k);
+      const auto& p = trainable_[k];
+      auto* st = r == rank_ ? adam_state(*adamw_, p) : nullptr;
+      auto head = torch::zeros({2}, torch::kFloat64);
+      if (st != nullptr) {
+        head[0] = 1.0;
+        head[1] = static_cast<double>(st->step());
+      }
+      t.push_back(head.to(p.device()));
+      t.push_back(st != nullptr ? st->exp_avg().clone() : torch::zeros_like(p));
+      t.push_back(st != nullptr ? st->exp_avg_sq().clone() : torch::zeros_like(p));
+    }
+    pg_->broadcast(t, r);
+    for (size_t i = 0; i < ks.size(); ++i) {
+      auto head = t[3 * i].cpu();
+      if (head[0].item<double>() == 0) continue;
+      auto st = std::make_unique<torch::optim::AdamWParamState>();
+      st->step(static_cast<int64_t>(head[1].item<double>()));
+      st->exp_avg(t[3 * i + 1]);
+      st->exp_avg_sq(t[3 * i + 2]);
+      full->state()[trainable_[ks[i]].unsafeGetTensorImpl()] = std::move(st);
+    }
+  }
+  if (rank_ == 0) torch::save(*full, os);
+  return os.str();
+}
+
+void Optimizer::load_state(const std::filesystem::path& file) {
+  try {
+    if (owner_.empty()) {
+      torch::load(*adamw_, file.string());
+      return;
+    }
+    const AdamWOptions opts{optim_.lr, optim_.betas[0], optim_.betas[1], optim_.eps,
+                            optim_.weight_decay};
+    auto full = make_adamw(named_trainable_, opts);
+    torch::load(*full, file.string());
+    for (size_t k = 0; k < trainable_.size(); ++k) {
+      if (owner_[k] != rank_) continue;
+      auto* st = adam_state(*full, trainable_[k]);
+      if (st == nullptr) continue;
+      adamw_->state()[trainable_[k].unsafeGetTensorImpl()] =
+          std::make_unique<torch::optim::AdamWParamState>(*st);
+    }
+  } catch (const c10::Error& e) {
+    throw Error(ErrorKind::kRuntime,
+                file.string() + ": cannot restore the optimizer state: " + e.what_without_backtrace());
+  }
+}
+
+uint64_t Optimizer::state_bytes_estimate() const {
+  uint64_t n = 0;
+  for (const auto& p : trainable_) n += 2 * p.numel() * p.element_size();
+  return n;
+}
+
+dist::CommStats Optimizer::take_comm_stats() {
+  return sync_ ? sync_->take_stats() : dist::CommStats{};
 }
 
 }  // namespace mmpost::train

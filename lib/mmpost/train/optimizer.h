@@ -5,12 +5,15 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "mmpost/config/recipe.h"
+#include "mmpost/dist/gradient_sync.h"
+#include "mmpost/dist/process_group.h"
 
 namespace mmpost::train {
 
@@ -57,32 +60,67 @@ struct StepStats {
 };
 
 /// The one optimizer step every stage takes after its backward passes (AdamW over the trainable
-/// parameters, the recipe's schedule and clipping). The future distributed gradient all-reduce
-/// belongs in step(), before the norm.
+/// parameters, the recipe's schedule and clipping), and, in a multi-process run, the one place
+/// where data parallelism happens: parameters are broadcast from rank 0 at construction, gradients
+/// are summed over ranks (dist::GradientSync, overlapped with the last backward when armed) before
+/// the norm, and with dist.shard_optimizer (ZeRO-1, Rajbhandari et al. 2020, arXiv:1910.02054,
+/// stage P_os) each rank keeps the AdamW state of its own share of the parameters, updates that
+/// share and broadcasts it. Stages normalise their losses by the global count of the step's
+/// tokens or samples (over all ranks), so the summed gradient equals one process's gradient on
+/// the union of the ranks' batches.
 class Optimizer {
  public:
-  /// AdamW (make_adamw) over the trainable tensors of `named`. Throws Error(kUsage) when none is
-  /// trainable.
+  /// AdamW (make_adamw) over the trainable tensors of `named`. `pg` (nullptr for one process)
+  /// turns on data parallelism with the settings of `dist`. Throws Error(kUsage) when no tensor
+  /// is trainable; dist::DistError when a peer fails during the initial broadcast.
   Optimizer(const std::vector<std::pair<std::string, torch::Tensor>>& named,
             const config::OptimSection& optim, const config::SchedulerSection& scheduler,
-            double clip_grad_norm, int64_t total_steps);
-  void zero_grad() { adamw_->zero_grad(); }
+            double clip_grad_norm, int64_t total_steps, dist::ProcessGroup* pg = nullptr,
+            const config::DistSection& dist = {});
+  ~Optimizer();
+
+  void zero_grad();
+  /// Call before the backward of the step's last micro-batch: gradient buckets are then
+  /// all-reduced while that backward runs. Optional (step() reduces what was not launched).
+  void arm_gradient_sync();
   /// Scheduled learning rate at 0-based optimizer step `step`.
   double lr_at(int64_t step) const;
-  /// Takes optimizer step `step` (0-based): refuses a non-finite `loss` (pass 0 when the stage has
-  /// none) or gradient norm with Error(kRuntime) naming step + 1 before anything changes, so the
-  /// last checkpoint stays valid; clips; sets the scheduled lr; steps AdamW.
+  /// Takes optimizer step `step` (0-based): sums gradients over ranks (multi-process), refuses a
+  /// non-finite `loss` (pass 0 when the stage has none; in a multi-process run pass the global
+  /// loss so every rank decides alike) or gradient norm with Error(kRuntime) naming step + 1
+  /// before anything changes, so the last checkpoint stays valid; clips; sets the scheduled lr;
+  /// steps AdamW (its shard under ZeRO-1, then every rank's share is broadcast from its owner).
   StepStats step(int64_t step, double loss);
-  torch::optim::AdamW& adamw() { return *adamw_; }
+
+  /// The AdamW state in torch::save's format for an AdamW over all trainable tensors (the same
+  /// file whether or not it was sharded, so a checkpoint resumes on any world size). Collective
+  /// under ZeRO-1 (every rank must call it; the shards are gathered); "" on ranks other than 0
+  /// then.
+  std::string state_bytes();
+  /// Restores a file written from state_bytes(): each rank keeps its own shard under ZeRO-1.
+  /// Throws Error(kRuntime) naming the file.
+  void load_state(const std::filesystem::path& file);
+  /// Bytes of the full AdamW state (two moments per trainable element).
+  uint64_t state_bytes_estimate() const;
+  /// Communication since the last call (zero for one process).
+  dist::CommStats take_comm_stats();
+
   const std::vector<torch::Tensor>& trainable() const { return trainable_; }
+  /// True when this rank owns trainable tensor `k`'s AdamW state (always without ZeRO-1).
+  bool owns(size_t k) const { return owner_.empty() || owner_[k] == rank_; }
 
  private:
-  std::unique_ptr<torch::optim::AdamW> adamw_;
+  std::vector<std::pair<std::string, torch::Tensor>> named_trainable_;
+  std::unique_ptr<torch::optim::AdamW> adamw_;  // this rank's share under ZeRO-1
   std::vector<torch::Tensor> trainable_;
+  std::vector<int> owner_;  // ZeRO-1: rank owning each trainable tensor (empty: unsharded)
+  int rank_ = 0;
   config::OptimSection optim_;
   config::SchedulerSection scheduler_;
   double clip_;
   int64_t total_;
+  dist::ProcessGroup* pg_ = nullptr;
+  std::unique_ptr<dist::GradientSync> sync_;
 };
 
 }  // namespace mmpost::train

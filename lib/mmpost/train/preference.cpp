@@ -13,7 +13,8 @@ namespace {
 
 /// A streaming loader over a preference JSONL in file order (eval / precompute).
 std::unique_ptr<data::StreamingLoader<data::PreferenceSample>> file_order_loader(
-    data::SampleContext& c, const std::string& path, const PreferenceEvalOptions& opts) {
+    data::SampleContext& c, const std::string& path, const PreferenceEvalOptions& opts,
+    int rank = 0, int world_size = 1) {
   c.source = io::display_name(path);
   c.base_dir = io::relative_base(path);
   c.random_shift = 0;
@@ -22,6 +23,8 @@ std::unique_ptr<data::StreamingLoader<data::PreferenceSample>> file_order_loader
   lo.batch_size = opts.batch_size;
   lo.num_workers = opts.num_workers;
   lo.skip_bad = opts.skip_bad;
+  lo.rank = rank;
+  lo.world_size = world_size;
   auto limits = opts.limits;
   return std::make_unique<data::StreamingLoader<data::PreferenceSample>>(
       lo, [&c, limits](const nlohmann::json& rec, int64_t line) {
@@ -82,6 +85,7 @@ PreferenceEvalResult evaluate_preferences(model::Vlm& policy, model::Vlm* refere
   while (opts.max_samples <= 0 || r.n < opts.max_samples) {
     auto samples = loader->next_batch();
     if (!samples) break;
+    if (samples->empty()) continue;  // a window whose records were all skipped
     if (opts.max_samples > 0 && r.n + static_cast<int64_t>(samples->size()) > opts.max_samples) {
       samples->resize(opts.max_samples - r.n);
     }
@@ -147,7 +151,7 @@ ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
                                                const PreferenceEvalOptions& opts,
                                                const torch::Device& device, torch::Dtype dtype,
                                                const std::filesystem::path& cache_file,
-                                               const std::string& key) {
+                                               const std::string& key, dist::ProcessGroup* pg) {
   ReferenceLogpsCache cache;
   if (std::filesystem::exists(cache_file)) {
     auto contents = io::read_safetensors(cache_file);
@@ -169,42 +173,61 @@ ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
     }
     log_warn("dpo: " + cache_file.string() + " was computed for other settings; recomputing");
   }
+  // Each rank scores its share of the records (positions p % world == rank); the rows are then
+  // gathered on every rank, and rank 0 writes the file.
+  const int rank = pg ? pg->rank() : 0, world = pg ? pg->world_size() : 1;
   data::SampleContext c = ctx;
-  auto loader = file_order_loader(c, path, opts);
+  auto loader = file_order_loader(c, path, opts, rank, world);
   Progress progress("ref logps", data::count_records(path));
   const int64_t pad_id = ctx.tokenizer->pad_id() >= 0 ? ctx.tokenizer->pad_id()
                                                        : ctx.tokenizer->eos_id();
   reference->eval();
   torch::NoGradGuard no_grad;
-  std::vector<int64_t> lines;
-  std::vector<torch::Tensor> cols[4];
+  std::vector<double> rows;  // line, chosen, rejected, chosen_tail, rejected_tail per pair
   while (auto samples = loader->next_batch()) {
+    if (samples->empty()) continue;  // a window whose records were all skipped (or another rank's)
     auto b = data::collate_preference(*samples, pad_id).to(device, dtype);
     auto p = preference_forward(reference, b, false, false).logps;
-    lines.insert(lines.end(), b.lines.begin(), b.lines.end());
-    cols[0].push_back(p.chosen.cpu());
-    cols[1].push_back(p.rejected.cpu());
-    cols[2].push_back(p.chosen_tail.cpu());
-    cols[3].push_back(p.rejected_tail.cpu());
-    progress.update(static_cast<int64_t>(lines.size()));
+    auto v = torch::stack({p.chosen, p.rejected, p.chosen_tail, p.rejected_tail})
+                 .to(torch::kCPU, torch::kFloat32)
+                 .contiguous();
+    auto va = v.accessor<float, 2>();
+    for (int64_t i = 0; i < v.size(1); ++i) {
+      rows.insert(rows.end(), {static_cast<double>(b.lines[i]), va[0][i], va[1][i], va[2][i],
+                               va[3][i]});
+    }
+    progress.update(static_cast<int64_t>(rows.size() / 5) * world);
   }
   progress.finish();
-  MMPOST_CHECK_DATA(!lines.empty(), path, ": no preference pairs to score");
-  std::map<std::string, torch::Tensor> tensors = {
-      {"line", torch::tensor(lines, torch::kInt64)},
-      {"chosen", torch::cat(cols[0])},
-      {"rejected", torch::cat(cols[1])},
-      {"chosen_tail", torch::cat(cols[2])},
-      {"rejected_tail", torch::cat(cols[3])}};
-  io::save_safetensors(cache_file, tensors, {{"format", "pt"}, {"key", key}});
-  auto vals = torch::stack({tensors["chosen"], tensors["rejected"], tensors["chosen_tail"],
-                            tensors["rejected_tail"]})
-                  .to(torch::kFloat32)
-                  .contiguous();
-  auto va = vals.accessor<float, 2>();
-  for (size_t i = 0; i < lines.size(); ++i) {
-    cache.by_line[lines[i]] = {va[0][i], va[1][i], va[2][i], va[3][i]};
+  if (pg) {
+    auto parts = pg->all_gather_object(rows);
+    rows.clear();
+    for (const auto& part : parts) rows.insert(rows.end(), part.begin(), part.end());
   }
+  std::vector<int64_t> lines;
+  for (size_t i = 0; i < rows.size(); i += 5) {
+    const auto line = static_cast<int64_t>(rows[i]);
+    cache.by_line[line] = {static_cast<float>(rows[i + 1]), static_cast<float>(rows[i + 2]),
+                           static_cast<float>(rows[i + 3]), static_cast<float>(rows[i + 4])};
+  }
+  MMPOST_CHECK_DATA(!cache.by_line.empty(), path, ": no preference pairs to score");
+  if (rank == 0) {  // in line order, whatever the world size
+    std::vector<float> cols[4];
+    for (const auto& [line, v] : cache.by_line) {
+      lines.push_back(line);
+      for (int k = 0; k < 4; ++k) cols[k].push_back(v[k]);
+    }
+    const auto n = static_cast<int64_t>(lines.size());
+    auto col = [&](int k) { return torch::from_blob(cols[k].data(), {n}, torch::kFloat32).clone(); };
+    io::save_safetensors(cache_file,
+                         {{"line", torch::tensor(lines, torch::kInt64)},
+                          {"chosen", col(0)},
+                          {"rejected", col(1)},
+                          {"chosen_tail", col(2)},
+                          {"rejected_tail", col(3)}},
+                         {{"format", "pt"}, {"key", key}});
+  }
+  lines.resize(cache.by_line.size());
   log_info("dpo: reference log-probs of " + std::to_string(lines.size()) + " pairs written to " +
            cache_file.string() + " (" + std::to_string(loader->n_skipped()) + " skipped)");
   return cache;

@@ -12,6 +12,7 @@
 
 #include "mmpost/algo/dpo_loss.h"
 #include "mmpost/data/preference_dataset.h"
+#include "mmpost/dist/process_group.h"
 #include "mmpost/model/vlm.h"
 
 namespace mmpost::train {
@@ -71,13 +72,15 @@ PreferenceEvalResult evaluate_preferences(model::Vlm& policy, model::Vlm* refere
 
 /// Scores every record of `path` with the reference model (one pass, no grad) and writes
 /// `cache_file` (safetensors: line, chosen, rejected, chosen_tail, rejected_tail; metadata `key`).
-/// When `cache_file` exists with the same `key` it is loaded instead (resume).
+/// When `cache_file` exists with the same `key` it is loaded instead (resume). With `pg` every
+/// rank scores its share of the records, all ranks get every row, and rank 0 writes the file.
 ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
                                                const data::SampleContext& ctx,
                                                const std::string& path,
                                                const PreferenceEvalOptions& opts,
                                                const torch::Device& device, torch::Dtype dtype,
                                                const std::filesystem::path& cache_file,
-                                               const std::string& key);
+                                               const std::string& key,
+                                               dist::ProcessGroup* pg = nullptr);
 
 }  // namespace mmpost::train

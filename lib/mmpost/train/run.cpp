@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,14 +27,6 @@ namespace {
 constexpr const char* kLockFile = ".lock";
 constexpr const char* kSummaryFile = "run.json";
 constexpr const char* kMetricsFile = "metrics.jsonl";
-
-int64_t env_int(const char* name) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == '\0') return 0;
-  char* end = nullptr;
-  long long x = std::strtoll(v, &end, 10);
-  return end != nullptr && *end == '\0' ? x : 0;
-}
 
 std::string fmt(double v, int prec = 4) {
   std::ostringstream os;
@@ -126,44 +119,69 @@ nlohmann::json MetricWindow::flush(const std::string& unit) {
 
 Run::Run(std::string stage, const config::CommonConfig& cfg, bool allow_resume)
     : stage_(std::move(stage)), out_(cfg.output_dir) {
-  const int64_t world = env_int("WORLD_SIZE"), ntasks = env_int("SLURM_NTASKS");
-  MMPOST_CHECK_USAGE(world <= 1 && ntasks <= 1, stage_, ": launched as ",
-                     world > 1 ? "WORLD_SIZE=" + std::to_string(world)
-                               : "SLURM_NTASKS=" + std::to_string(ntasks),
-                     " processes, but multi-process (data-parallel) training does not exist yet: "
-                     "every process would train the same model into the same folder",
-                     "\n  hint: run one process (torchrun --nproc-per-node 1, sbatch --ntasks=1)");
+  try {
+    world_ = dist::world_from_env();
+  } catch (const std::runtime_error& e) {
+    throw Error(ErrorKind::kUsage, stage_ + ": " + e.what(),
+                "launch with torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or srun");
+  }
+  set_log_rank(world_.rank, world_.world_size);
   MMPOST_CHECK_USAGE(!out_.empty(), "output_dir: required");
   install_stop_handlers();
   if (cfg.num_threads > 0) torch::set_num_threads(static_cast<int>(cfg.num_threads));
   device_ = resolve_device(cfg.device);
+  if (world_.world_size > 1 && device_.is_cuda() && !device_.has_index()) {
+    device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world_.local_rank));
+  }
   dtype_ = resolve_dtype(cfg.dtype, device_);
   seed_everything(static_cast<uint64_t>(cfg.seed));
-  std::error_code ec;
-  fs::create_directories(out_, ec);
-  MMPOST_CHECK(!ec, out_.string(), ": cannot create the output folder: ", ec.message());
-  lock_fd_ = take_lock(out_ / kLockFile, out_);
-  remove_temp_folders(out_);
-  if (allow_resume) {
-    ckpt_ = io::latest_complete_checkpoint(out_);
-    if (ckpt_) state = read_train_state(*ckpt_);
-    return;
-  }
-  // --no-resume: the previous run's checkpoints would outrank the new ones (higher steps).
-  int n_removed = 0;
-  for (const auto& e : fs::directory_iterator(out_, ec)) {
-    if (io::parse_step_dir_name(e.path().filename().string()) && e.is_directory()) {
-      fs::remove(e.path() / "DONE", ec);
-      fs::remove_all(e.path(), ec);
-      MMPOST_CHECK(!ec, e.path().string(), ": cannot remove: ", ec.message());
-      ++n_removed;
+  if (world_.world_size > 1) {
+    const std::string backend =
+        cfg.dist.backend != "auto" ? cfg.dist.backend : device_.is_cuda() ? "nccl" : "gloo";
+    log_info(stage_ + ": joining " + std::to_string(world_.world_size) + " processes (" +
+             world_.launcher + ", " + backend + ", rendezvous " + world_.master_addr + ":" +
+             std::to_string(world_.master_port) + ", timeout " + fmt(cfg.dist.timeout_s) + " s)");
+    try {
+      pg_ = std::make_unique<dist::ProcessGroup>(world_, cfg.dist.timeout_s, backend);
+    } catch (const std::invalid_argument& e) {
+      throw Error(ErrorKind::kUsage, std::string("dist.backend: ") + e.what());
     }
   }
-  fs::remove(out_ / kMetricsFile, ec);
-  fs::remove(out_ / kSummaryFile, ec);
-  if (n_removed > 0) {
-    log_warn(stage_ + ": --no-resume: removed " + std::to_string(n_removed) +
-             " checkpoint(s) of the previous run in " + out_.string());
+  std::error_code ec;
+  std::string resume_from;
+  if (is_main()) {
+    fs::create_directories(out_, ec);
+    MMPOST_CHECK(!ec, out_.string(), ": cannot create the output folder: ", ec.message());
+    lock_fd_ = take_lock(out_ / kLockFile, out_);
+    remove_temp_folders(out_);
+    if (allow_resume) {
+      if (auto c = io::latest_complete_checkpoint(out_)) resume_from = c->string();
+    } else {
+      // --no-resume: the previous run's checkpoints would outrank the new ones (higher steps).
+      int n_removed = 0;
+      for (const auto& e : fs::directory_iterator(out_, ec)) {
+        if (io::parse_step_dir_name(e.path().filename().string()) && e.is_directory()) {
+          fs::remove(e.path() / "DONE", ec);
+          fs::remove_all(e.path(), ec);
+          MMPOST_CHECK(!ec, e.path().string(), ": cannot remove: ", ec.message());
+          ++n_removed;
+        }
+      }
+      fs::remove(out_ / kMetricsFile, ec);
+      fs::remove(out_ / kSummaryFile, ec);
+      if (n_removed > 0) {
+        log_warn(stage_ + ": --no-resume: removed " + std::to_string(n_removed) +
+                 " checkpoint(s) of the previous run in " + out_.string());
+      }
+    }
+  }
+  if (pg_) resume_from = pg_->all_gather_object(resume_from)[0];  // rank 0 decides for all
+  if (!resume_from.empty()) {
+    ckpt_ = fs::path(resume_from);
+    MMPOST_CHECK(io::is_complete(*ckpt_), ckpt_->string(), ": rank 0 resumes from this checkpoint, but this "
+                 "process cannot read it", "\n  hint: OUTPUT must be on a file system every node "
+                 "shares");
+    state = read_train_state(*ckpt_);
   }
 }
 
@@ -176,6 +194,7 @@ bool Run::finished(int64_t total_steps) const {
 }
 
 int Run::report_already_finished() {
+  if (!is_main()) return 0;
   nlohmann::json s;
   try {
     s = nlohmann::json::parse(std::ifstream(out_ / kSummaryFile));
@@ -193,6 +212,7 @@ int Run::report_already_finished() {
 void Run::start(int64_t total_steps, const nlohmann::json& recipe) {
   total_steps_ = total_steps;
   start_step_ = state.step;
+  if (!is_main()) return;  // rank 0 writes the recipe and metrics and draws the progress
   io::write_text_atomic(out_ / "recipe.json", recipe.dump(2) + "\n");
   if (ckpt_) {
     truncate_metrics(out_ / kMetricsFile, state.step);
@@ -210,6 +230,7 @@ bool Run::due(int64_t every) const {
 }
 
 void Run::log_step(nlohmann::json m, const std::vector<std::string>& shown) {
+  if (!is_main()) return;
   m["step"] = state.step;
   metrics_->write(m);
   last_train_ = m;
@@ -227,6 +248,7 @@ void Run::log_step(nlohmann::json m, const std::vector<std::string>& shown) {
 }
 
 void Run::log_eval(const nlohmann::json& m, const std::string& line) {
+  if (!is_main()) return;
   nlohmann::json row = m;
   row["step"] = state.step;
   if (metrics_) metrics_->write(row);
@@ -235,9 +257,25 @@ void Run::log_eval(const nlohmann::json& m, const std::string& line) {
   log_info(line);
 }
 
-void Run::progress() { progress_->update(state.step); }
+void Run::progress() {
+  if (progress_) progress_->update(state.step);
+}
 
-int Run::stop_requested() const { return mmpost::stop_requested(); }
+int Run::stop_requested() const {
+  const int sig = mmpost::stop_requested();
+  if (!pg_) return sig;
+  // Every rank stops at the same step: SIGTERM if any rank saw it, else SIGINT if any did.
+  auto seen = all_sum({sig == SIGTERM ? 1.0 : 0.0, sig == SIGINT ? 1.0 : 0.0});
+  return seen[0] > 0 ? SIGTERM : seen[1] > 0 ? SIGINT : 0;
+}
+
+std::vector<double> Run::all_sum(std::vector<double> values) const {
+  if (!pg_ || values.empty()) return values;
+  std::vector<torch::Tensor> t{torch::tensor(values, torch::kFloat64)};
+  pg_->all_reduce_sum(t);
+  auto out = t[0].contiguous();
+  return {out.data_ptr<double>(), out.data_ptr<double>() + out.numel()};
+}
 
 nlohmann::json Run::summary(RunEnd end) const {
   static const char* kReasons[] = {"completed", "already_finished", "signal"};
@@ -253,6 +291,7 @@ nlohmann::json Run::summary(RunEnd end) const {
 }
 
 int Run::stopped(int sig) {
+  if (!is_main()) return 128 + sig;
   if (progress_) progress_->finish();
   log_warn(stage_ + ": stopped by signal " + std::to_string(sig) + " at step " +
            std::to_string(state.step) + "; the checkpoint is written, rerun the same command to "
@@ -264,6 +303,8 @@ int Run::stopped(int sig) {
 }
 
 int Run::completed(const nlohmann::json& extra) {
+  if (pg_) pg_->barrier();  // rank 0's final model is written: no rank reports success before
+  if (!is_main()) return 0;
   if (progress_) progress_->finish();
   auto s = summary(RunEnd::kCompleted);
   for (const auto& [k, v] : extra.items()) s[k] = v;

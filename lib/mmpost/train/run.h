@@ -17,6 +17,7 @@
 
 #include "mmpost/config/recipe.h"
 #include "mmpost/core/log.h"
+#include "mmpost/dist/process_group.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/train/checkpointing.h"
 
@@ -44,13 +45,16 @@ class MetricWindow {
 /// How a run ended, as reported in the summary ("exit_reason").
 enum class RunEnd { kCompleted, kAlreadyFinished, kSignal };
 
-/// A training run in an output folder. Construct it first thing in a stage: it refuses a launch
-/// with more than one process (WORLD_SIZE or SLURM_NTASKS > 1) and a folder that another process
-/// holds (an exclusive fcntl lock on OUTPUT/.lock for the run's lifetime; the error names the
-/// holder's PID), installs SIGINT/SIGTERM
-/// handlers, applies num_threads and the seed, and finds the newest complete checkpoint. With
-/// allow_resume == false the previous run's step folders, metrics and summary are removed.
-/// Nothing else is written before start(). Throws Error(kUsage) for the refusals above.
+/// A training run in an output folder. Construct it first thing in a stage: it joins the
+/// process group when launched as several processes (torchrun or srun: dist::world_from_env;
+/// one device per local rank on CUDA), refuses a folder that another run holds (rank 0 takes an
+/// exclusive fcntl lock on OUTPUT/.lock for the run's lifetime; the error names the holder's PID),
+/// installs SIGINT/SIGTERM handlers, applies num_threads and the seed, and finds the newest
+/// complete checkpoint (rank 0 decides; every rank resumes from the same one). With
+/// allow_resume == false the previous run's step folders, metrics and summary are removed. Only
+/// rank 0 writes (recipe, metrics, summary, checkpoints); nothing is written before start().
+/// Throws Error(kUsage) for the refusals above and a malformed launcher environment,
+/// dist::DistError when the peers do not meet within dist.timeout_s.
 class Run {
  public:
   Run(std::string stage, const config::CommonConfig& cfg, bool allow_resume);
@@ -90,8 +94,18 @@ class Run {
   /// Redraws the progress bar (after each step).
   void progress();
 
-  /// The received stop signal (SIGINT 2, SIGTERM 15) or 0.
+  /// The received stop signal (SIGINT 2, SIGTERM 15) or 0; in a multi-process run the same on
+  /// every rank (a signal seen by any rank stops all at this step: one small all-reduce).
   int stop_requested() const;
+  /// This process's place in the job (a world of one without a launcher).
+  const dist::WorldInfo& world() const { return world_; }
+  /// True on rank 0 (the only rank that writes files and prints results).
+  bool is_main() const { return world_.rank == 0; }
+  /// The process group of a multi-process run, nullptr for one process.
+  dist::ProcessGroup* process_group() const { return pg_.get(); }
+  /// Element-wise sum over ranks of host values (the values themselves for one process), e.g.
+  /// the step's token count and loss. Throws dist::DistError.
+  std::vector<double> all_sum(std::vector<double> values) const;
   /// After the stop checkpoint: logs, prints the summary (exit_reason "signal"), returns 128+sig.
   int stopped(int sig);
   /// After the final model is written at the top level: writes OUTPUT/run.json (last, so its
@@ -106,6 +120,8 @@ class Run {
 
   std::string stage_;
   std::filesystem::path out_;
+  dist::WorldInfo world_;
+  std::unique_ptr<dist::ProcessGroup> pg_;
   torch::Device device_{torch::kCPU};
   torch::Dtype dtype_ = torch::kFloat32;
   int lock_fd_ = -1;
