@@ -300,7 +300,7 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     auto st = optimizer.step(state.step, step_loss);
     ++state.step;
     window.add("loss", step_loss);
-    window.add("grad_norm", st.grad_norm);
+    train::add_step_stats(window, st);
 
     if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
       auto m = window.flush("pairs");

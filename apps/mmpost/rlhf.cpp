@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 
 #include "mmpost/algo/kl.h"
 #include "mmpost/algo/logprobs.h"
@@ -52,6 +53,55 @@ double grad_norm_of_module(torch::nn::Module& m) {
   return std::sqrt(sq);
 }
 
+/// The step's groups of every rank in global prompt order (see gather_groups).
+struct GlobalGroups {
+  std::vector<int64_t> pool_index;  // [P_all] prompt pool index of each global prompt
+  Tensor rewards, passed;           // [P_all * G] float32 (CPU), rows grouped by prompt
+  Tensor local_rows;                // [P_local * G] int64: this rank's rows in `rewards`
+};
+
+/// Gathers (global position, pool index, G rewards, G pass marks) of each local prompt from every
+/// rank and orders them by global position; one process gets its own rows back. rewards and
+/// passed [P_local * G] float32 CPU. Throws dist::DistError when a peer fails.
+GlobalGroups gather_groups(const train::Run& run, const std::vector<int64_t>& positions,
+                           const std::vector<int64_t>& pool_index, const Tensor& rewards,
+                           const Tensor& passed, int64_t G) {
+  std::vector<double> mine;  // per prompt: position, pool index, G rewards, G passed
+  auto rw = rewards.to(torch::kFloat64).contiguous(), ps = passed.to(torch::kFloat64).contiguous();
+  for (size_t j = 0; j < positions.size(); ++j) {
+    mine.push_back(static_cast<double>(positions[j]));
+    mine.push_back(static_cast<double>(pool_index[j]));
+    for (int64_t g = 0; g < G; ++g) mine.push_back(rw[j * G + g].item<double>());
+    for (int64_t g = 0; g < G; ++g) mine.push_back(ps[j * G + g].item<double>());
+  }
+  std::vector<std::vector<double>> parts{mine};
+  if (auto* pg = run.process_group()) parts = pg->all_gather_object(mine);
+  const size_t width = 2 + 2 * static_cast<size_t>(G);
+  std::map<int64_t, std::pair<int, const double*>> by_pos;  // position -> (rank, record)
+  for (size_t rk = 0; rk < parts.size(); ++rk) {
+    for (size_t i = 0; i + width <= parts[rk].size(); i += width) {
+      by_pos[static_cast<int64_t>(parts[rk][i])] = {static_cast<int>(rk), &parts[rk][i]};
+    }
+  }
+  GlobalGroups out;
+  std::vector<float> r_all, p_all;
+  std::map<int64_t, int64_t> row_of_pos;
+  for (const auto& [pos, rec] : by_pos) {
+    row_of_pos[pos] = static_cast<int64_t>(out.pool_index.size()) * G;
+    out.pool_index.push_back(static_cast<int64_t>(rec.second[1]));
+    for (int64_t g = 0; g < G; ++g) r_all.push_back(static_cast<float>(rec.second[2 + g]));
+    for (int64_t g = 0; g < G; ++g) p_all.push_back(static_cast<float>(rec.second[2 + G + g]));
+  }
+  out.rewards = torch::tensor(r_all, torch::kFloat32);
+  out.passed = torch::tensor(p_all, torch::kFloat32);
+  std::vector<int64_t> rows;
+  for (int64_t pos : positions) {
+    for (int64_t g = 0; g < G; ++g) rows.push_back(row_of_pos.at(pos) + g);
+  }
+  out.local_rows = torch::tensor(rows, torch::kInt64);
+  return out;
+}
+
 /// The recipe's enum-valued rlhf keys, parsed with the algo layer's name tables (the parser, the
 /// error's "valid values" and the help text all read them), plus the checks that need them.
 struct RlhfChoices {
@@ -90,10 +140,7 @@ config::RlhfConfig load_rlhf(const std::string& recipe, const std::vector<std::s
 int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   // ---- setup: lock OUTPUT, find the checkpoint to resume from, signals, device, seed --------
   train::Run run("rlhf", cfg, allow_resume);
-  MMPOST_CHECK_USAGE(run.world().world_size == 1, "rlhf: launched as ", run.world().world_size,
-                     " processes, but data-parallel rlhf (rollouts sharded by prompt) is not "
-                     "implemented yet: every process would train the same model",
-                     "\n  hint: run one process; sft, dpo and rm train data-parallel");
+  const int world = run.world().world_size, rank = run.world().rank;
   const torch::Device device = run.device();
   const torch::Dtype dtype = run.dtype();
   const auto& ckpt = run.checkpoint();
@@ -102,6 +149,15 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   const algo::RlAlgorithm algorithm = choices.algorithm;
   const bool ppo = algorithm == algo::RlAlgorithm::kPpo;
   const algo::ScaleRewards scale_rewards = choices.scale_rewards;
+  // Data parallel: rollouts are sharded by prompt (a group never straddles ranks) and the
+  // sequence-level advantages are computed on the gathered rewards of all ranks; the token-level
+  // estimators whiten over the whole batch's tokens, which is not gathered yet.
+  MMPOST_CHECK_USAGE(world == 1 || algorithm == algo::RlAlgorithm::kGrpo ||
+                         algorithm == algo::RlAlgorithm::kRloo,
+                     "rlhf.algorithm: ", rl.algorithm, " is not data-parallel yet (launched as ",
+                     world, " processes)",
+                     "\n  hint: grpo and rloo train on several ranks; run one process for ppo, "
+                     "reinforce_pp and reinforce_pp_baseline");
   const int64_t G = rl.num_generations;
   auto specs = algo::parse_reward_specs(rl.rewards, "rlhf.rewards");
   algo::PolicyLossConfig pcfg;
@@ -184,7 +240,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     named.emplace_back("value_head.bias", value_head->bias);
   }
   train::Optimizer optimizer(named, cfg.optim, cfg.scheduler, cfg.train.clip_grad_norm,
-                             total_steps);
+                             total_steps, run.process_group(), cfg.dist);
   train::Checkpointer checkpointer(cfg.output_dir, cfg.train.keep_last_n_checkpoints,
                                    {.vlm = model, .value_head = value_head,
                                     .tokenizer = sm.tokenizer.get(), .image = sm.image},
@@ -242,13 +298,18 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   while (state.step < total_steps) {
     // -- rollout: prompts -> G completions each, with log-probs (no grad) --
     auto t0 = std::chrono::steady_clock::now();
-    const auto picked = curriculum.next_batch(B);
+    // Every rank draws the same global batch of B * world prompts; this rank takes positions
+    // p % world == rank. Each completion samples from its own seed (step, p, g), so the tokens
+    // do not depend on how the prompts are spread over ranks.
+    const auto picked_all = curriculum.next_batch(B * world);
     std::vector<data::SftSample> samples;
-    std::vector<int64_t> prompt_index;
-    for (int64_t idx : picked) {
+    std::vector<int64_t> prompt_index, prompt_pos;
+    for (size_t p = rank; p < picked_all.size(); p += world) {
+      const int64_t idx = picked_all[p];
       try {
         samples.push_back(data::make_prompt_sample(pool.records[idx], pool.lines[idx], ctx));
         prompt_index.push_back(idx);
+        prompt_pos.push_back(static_cast<int64_t>(p));
       } catch (const Error& e) {
         if (!skip_bad || e.kind() != ErrorKind::kData) throw;
         ++pool.n_skipped;
@@ -257,7 +318,12 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     }
     MMPOST_CHECK_DATA(!samples.empty(), cfg.data.train, ": every prompt of step ", state.step + 1,
                       " was bad");
-    gen.seed = data::sample_seed(static_cast<uint64_t>(cfg.seed), 0, state.step);
+    gen.row_seeds.clear();
+    for (int64_t p : prompt_pos) {
+      for (int64_t g = 0; g < G; ++g) {
+        gen.row_seeds.push_back(data::sample_seed(static_cast<uint64_t>(cfg.seed), state.step, p * G + g));
+      }
+    }
     train::Rollout r = train::sample_rollout(model, samples, std::move(prompt_index), G, gen,
                                              pad_id, device, dtype);
     const int64_t N = r.P * G;
@@ -300,11 +366,6 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     // Pass rates per prompt (curriculum and logs).
     Tensor passed = specs.empty() ? (rewards > 0).to(torch::kFloat32)
                                   : (scores.values[pass_index] >= rl.pass_threshold).to(torch::kFloat32);
-    auto pass_per_prompt = passed.view({r.P, G}).mean(1);
-    for (int64_t p = 0; p < r.P; ++p) {
-      curriculum.update(pool.difficulty[r.prompt_index[p]], pass_per_prompt[p].item<double>());
-    }
-    window.add("pass_rate", passed.mean().item<double>());
     if (reference) {
       r.ref_logps = train::completion_forward(reference, r, 0, r.P).logps * r.mask;
       auto kl = algo::per_token_kl(r.old_logps, r.ref_logps,
@@ -315,10 +376,20 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
         rewards = rewards - rl.beta * (kl * r.mask).sum(1).cpu();  // sequence KL penalty
       }
     }
-    window.add("reward", rewards.mean().item<double>());
-    window.add("reward_std", train::std_of(rewards));
-    // Advantages.
+    // The step's rewards and pass marks of every rank, in global prompt order: the curriculum,
+    // the logged reward and pass rate, and the group advantages see one batch, as in one process.
+    const auto global = gather_groups(run, prompt_pos, r.prompt_index, rewards, passed, G);
+    for (size_t p = 0; p < global.pool_index.size(); ++p) {
+      curriculum.update(pool.difficulty[global.pool_index[p]],
+                        global.passed.narrow(0, static_cast<int64_t>(p) * G, G).mean().item<double>());
+    }
+    window.add("pass_rate", global.passed.mean().item<double>());
+    window.add("reward", global.rewards.mean().item<double>());
+    window.add("reward_std", train::std_of(global.rewards));
+    // Advantages: group statistics on the global rewards, then this rank's rows.
     auto rewards_dev = rewards.to(device);
+    auto global_rewards_dev = global.rewards.to(device);
+    auto local_rows = global.local_rows.to(device);
     auto token_rewards = [&] {  // per-token rewards with the KL penalty (REINFORCE++, PPO)
       auto ref = r.ref_logps.defined() ? r.ref_logps : r.old_logps;
       const double kl_coef = rl.kl_in_reward || ppo ? rl.beta : 0.0;
@@ -327,10 +398,12 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     };
     switch (algorithm) {
       case algo::RlAlgorithm::kGrpo:
-        r.advantages = algo::grpo_advantages(rewards_dev, G, scale_rewards).advantages;
+        r.advantages = algo::grpo_advantages(global_rewards_dev, G, scale_rewards)
+                           .advantages.index_select(0, local_rows);
         break;
       case algo::RlAlgorithm::kRloo:
-        r.advantages = algo::rloo_advantages(rewards_dev, G).advantages;
+        r.advantages =
+            algo::rloo_advantages(global_rewards_dev, G).advantages.index_select(0, local_rows);
         break;
       case algo::RlAlgorithm::kReinforcePpBaseline:
         r.advantages = algo::reinforce_pp_baseline_advantages(rewards_dev, G, r.mask);
@@ -381,18 +454,39 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     auto t1 = std::chrono::steady_clock::now();
     double grad_norm = 0, update_tokens = 0;
     const double lr = optimizer.lr_at(state.step);
-    if (r.P == 0 || r.mask.sum().item<double>() == 0) {
+    // Normalisers of the whole step over all ranks: completion tokens and sequences of each
+    // micro-batch; every loss type is then scaled to its one-process value on the union.
+    const int64_t n_micro = cfg.train.gradient_accumulation_steps;
+    std::vector<double> counts;  // [tokens_k, sequences_k] per micro-batch
+    for (int64_t k = 0; k < n_micro; ++k) {
+      const int64_t p0 = r.P * k / n_micro, p1 = r.P * (k + 1) / n_micro;
+      counts.push_back(p1 > p0 ? r.mask.narrow(0, p0 * G, (p1 - p0) * G).sum().item<double>() : 0.0);
+      counts.push_back(static_cast<double>((p1 - p0) * G));
+    }
+    const auto local_counts = counts;
+    counts = run.all_sum(counts);
+    double step_tokens = 0, step_sequences = 0;
+    for (int64_t k = 0; k < n_micro; ++k) step_tokens += counts[2 * k], step_sequences += counts[2 * k + 1];
+    if (step_tokens == 0) {
       log_warn("rlhf: step " + std::to_string(state.step + 1) +
                ": no completion token carries a gradient (all groups filtered or masked)");
     } else {
-      const int64_t n_micro = std::min<int64_t>(cfg.train.gradient_accumulation_steps, r.P);
-      const double n_loss_tokens = r.mask.sum().item<double>() / n_micro;
       for (int64_t it = 0; it < rl.num_iterations; ++it) {
         optimizer.zero_grad();
         double iteration_loss = 0;
         for (int64_t k = 0; k < n_micro; ++k) {
           const int64_t p0 = r.P * k / n_micro, p1 = r.P * (k + 1) / n_micro;
+          if (p1 == p0) continue;  // this rank holds no prompt of this micro-batch
           const int64_t rows0 = p0 * G, rows = (p1 - p0) * G;
+          // policy_loss averages over this micro-batch's sequences (grpo, sapo, luspo, dr_grpo)
+          // or tokens (bnpo); weight it by its share of the step. dapo/cispo divide by the
+          // step's token count directly (TRL's num_items_in_batch).
+          const double token_share = local_counts[2 * k] / step_tokens;
+          const double seq_share = local_counts[2 * k + 1] / step_sequences;
+          const double policy_share =
+              pcfg.loss_type == algo::PolicyLossType::kDapo || pcfg.loss_type == algo::PolicyLossType::kCispo
+                  ? 1.0
+                  : pcfg.loss_type == algo::PolicyLossType::kBnpo ? token_share : seq_share;
           torch::AutoGradMode grad_on(true);
           auto fwd = train::completion_forward(model, r, p0, p1, /*keep_logits=*/true);
           auto mask = r.mask.narrow(0, rows0, rows);
@@ -401,15 +495,15 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
           auto adv = r.advantages.narrow(0, rows0, rows);
           Tensor ref = r.ref_logps.defined() ? r.ref_logps.narrow(0, rows0, rows) : Tensor();
           auto po = algo::policy_loss(fwd.logps, old, adv, mask, pcfg,
-                                      pcfg.beta > 0 ? ref : Tensor(), n_loss_tokens);
-          auto loss = po.loss;
+                                      pcfg.beta > 0 ? ref : Tensor(), step_tokens);
+          auto loss = po.loss * policy_share;
           if (kl_loss && full_kl) {  // exact KL over the vocabulary as a loss term
             torch::NoGradGuard ng;
             auto ref_logits = train::completion_forward(reference, r, p0, p1, true).logits;
             torch::AutoGradMode on(true);
             auto kl = algo::full_kl(fwd.logits, ref_logits);
             auto kl_mean = (kl * mask).sum() / mask.sum().clamp_min(1);
-            loss = loss + rl.beta * kl_mean;
+            loss = loss + rl.beta * kl_mean * token_share;
             window.add("kl_full", kl_mean.item<double>());
           }
           if (ppo) {
@@ -417,14 +511,14 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
             auto [vl, clipfrac] = algo::value_loss(values, r.old_values.narrow(0, rows0, rows),
                                                    r.returns.narrow(0, rows0, rows), mask,
                                                    rl.cliprange_value);
-            loss = loss + rl.vf_coef * vl;
+            loss = loss + rl.vf_coef * vl * token_share;
             window.add("value_loss", vl.item<double>());
             window.add("value_clipfrac", clipfrac.item<double>());
           }
-          (loss / static_cast<double>(n_micro)).backward();
+          if (k + 1 == n_micro) optimizer.arm_gradient_sync();  // all-reduce during backward
+          loss.backward();
           const double loss_value = loss.item<double>();
-          iteration_loss += loss_value / static_cast<double>(n_micro);
-          window.add("loss", loss_value);
+          iteration_loss += loss_value;
           if (po.clip_ratio_low.defined()) window.add("clip_ratio/low_mean", po.clip_ratio_low.item<double>());
           if (po.clip_ratio_high.defined()) window.add("clip_ratio/high_mean", po.clip_ratio_high.item<double>());
           if (po.clip_ratio_region.defined()) window.add("clip_ratio/region_mean", po.clip_ratio_region.item<double>());
@@ -437,8 +531,11 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
         window.add("grad_norm/vision_tower", grad_norm_of_module(*model->vision_tower));
         window.add("grad_norm/projector", grad_norm_of_module(*model->multi_modal_projector));
         window.add("grad_norm/language_model", grad_norm_of_module(*model->language_model));
-        grad_norm = optimizer.step(state.step, iteration_loss).grad_norm;
-        window.add("grad_norm", grad_norm);
+        iteration_loss = run.all_sum({iteration_loss})[0];  // the step's loss over all ranks
+        window.add("loss", iteration_loss);
+        auto st = optimizer.step(state.step, iteration_loss);
+        grad_norm = st.grad_norm;
+        train::add_step_stats(window, st);
       }
     }
     const double update_s =

@@ -130,7 +130,7 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
     auto st = optimizer.step(state.step, loss);
     ++state.step;
     window.add("loss", loss);
-    window.add("grad_norm", st.grad_norm);
+    train::add_step_stats(window, st);
 
     if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
       auto m = window.flush("samples");

@@ -257,6 +257,65 @@ TEST_CASE("dist dpo and rm: 2 ranks with batch B equal one process with batch 2B
   }
 }
 
+TEST_CASE("dist rlhf grpo: 2 ranks with B prompts equal one process with 2B prompts",
+          "[e2e][dist]") {
+  // Per-completion seeds make the sampled tokens independent of the rank layout; advantages come
+  // from the gathered rewards; losses are scaled to the step's global normalisers.
+  TempDir dir("dist_grpo");
+  // A 30-step SFT policy answers digits, so "7" (the reference of every prompt) is sometimes
+  // right: rewards vary within groups and the policy moves.
+  auto start = dir.path / "start";
+  auto rs = run_cli("sft -r recipes/tiny/sft-tiny.json --set data.eval= --output " + start.string(),
+                    dir.path / "log_start");
+  INFO(rs.err);
+  REQUIRE(rs.code == 0);
+  mmpost::io::JsonlReader in(kDigits / "train.jsonl");
+  mmpost::io::JsonlRecord rec;
+  auto prompts = dir.path / "prompts.jsonl";
+  {
+    std::ofstream out(prompts);
+    for (int i = 0; i < 16 && in.next(rec); ++i) {
+      auto v = rec.value;
+      v["images"] = {(kDigits / v["images"][0].get<std::string>()).string()};
+      v["answer"] = "7";
+      out << v.dump() << "\n";
+    }
+  }
+  for (const std::string loss : {"dapo", "grpo", "bnpo"}) {
+    DYNAMIC_SECTION("loss_type " << loss) {
+      const std::string args = "rlhf -r recipes/tiny/grpo-tiny.json --set model.path=" +
+                               start.string() + " --set data.train=" + prompts.string() +
+                               " --set train.max_steps=5 --set train.log_every_n_steps=1"
+                               " --set rlhf.num_generations=8 --set rlhf.loss_type=" + loss +
+                               " --set rlhf.beta=0.04 --set dist.timeout_s=60 " + kLr;
+      auto r = run_cli(args + " --set train.batch_size=4 --output " + (dir.path / (loss + "1")).string(),
+                       dir.path / ("l1" + loss));
+      INFO(r.err);
+      REQUIRE(r.code == 0);
+      run_ranks_ok(args + " --set train.batch_size=2 --output " + (dir.path / (loss + "2")).string(),
+                   2, dir.path / ("l2" + loss));
+      auto a = train_rows(dir.path / (loss + "1/metrics.jsonl"));
+      auto b = train_rows(dir.path / (loss + "2/metrics.jsonl"));
+      REQUIRE(a.size() == 5);
+      REQUIRE(b.size() == 5);
+      for (size_t i = 0; i < 5; ++i) {
+        CHECK(b[i]["reward"].get<double>() == Approx(a[i]["reward"].get<double>()).margin(1e-9));
+        CHECK(b[i]["pass_rate"].get<double>() == Approx(a[i]["pass_rate"].get<double>()).margin(1e-9));
+      }
+      check_same_run(dir.path / (loss + "1"), dir.path / (loss + "2"), "model.safetensors", 5, start);
+    }
+  }
+  // Token-level estimators are refused on several ranks, naming the key.
+  auto ranks = spawn_ranks("rlhf -r recipes/tiny/grpo-tiny.json --set model.path=" + start.string() +
+                               " --set data.train=" + prompts.string() +
+                               " --set rlhf.algorithm=ppo --set rlhf.num_generations=2"
+                               " --set dist.timeout_s=20 --output " + (dir.path / "ppo").string(),
+                           2, dir.path / "lppo");
+  auto codes = wait_ranks(ranks, 120);
+  CHECK(codes[0] == 2);
+  CHECK_THAT(rank_err(ranks, 0), HasSubstr("rlhf.algorithm: ppo is not data-parallel yet"));
+}
+
 TEST_CASE("dist dpo: precomputed reference log-probs are scored in shards and equal one process's",
           "[e2e][dist]") {
   TempDir dir("dist_refcache");
@@ -371,7 +430,7 @@ TEST_CASE("dist: uneven data, text-only ranks and dead peers", "[e2e][dist]") {
   }
 }
 
-TEST_CASE("dist: launcher environments are checked; rlhf is refused on several ranks",
+TEST_CASE("dist: a malformed launcher environment exits 2 naming the variable",
           "[e2e][dist]") {
   TempDir dir("dist_env");
   for (const char* env : {"WORLD_SIZE=2", "RANK=2 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=1",
@@ -385,12 +444,4 @@ TEST_CASE("dist: launcher environments are checked; rlhf is refused on several r
     CHECK_THAT(read_all(dir.path / "err.txt"), HasSubstr("RANK"));
     CHECK_FALSE(fs::exists(dir.path / "run" / "metrics.jsonl"));
   }
-  auto start = tiny_model(dir.path);
-  auto ranks = spawn_ranks("rlhf -r recipes/tiny/grpo-tiny.json --set model.path=" + start.string() +
-                               " --set data.eval= --set dist.timeout_s=20 --output " +
-                               (dir.path / "rl").string(),
-                           2, dir.path / "lrl");
-  auto codes = wait_ranks(ranks, 120);
-  CHECK(codes[0] == 2);
-  CHECK_THAT(rank_err(ranks, 0), HasSubstr("data-parallel rlhf"));
 }

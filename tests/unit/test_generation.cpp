@@ -164,6 +164,40 @@ TEST_CASE("seeded sampling repeats; another seed and the G copies of a prompt di
   CHECK((a.logps < 0).all().item<bool>());
 }
 
+TEST_CASE("per-row seeds: a row's tokens do not depend on the other rows of its batch",
+          "[unit][model]") {
+  // What data-parallel rollouts rely on: rows 0 and 2 sampled alone with their own seeds equal
+  // the same rows sampled inside the full batch.
+  torch::manual_seed(1);
+  Vlm model(tiny_config());
+  auto p = mixed_prompts();
+  auto rep = repeat_interleave_batch(p.ids, p.mask, p.pixels, p.image_counts, 2);  // 6 rows
+  GenerationConfig g;
+  g.max_new_tokens = 10;
+  g.temperature = 1.0;
+  g.row_seeds = {11, 12, 13, 14, 15, 16};
+  auto all = generate(model, rep.input_ids, rep.attention_mask, rep.pixel_values, g);
+  // Rows 4 and 5 (prompt 2, whose images are the last ones) alone.
+  int64_t first_image = p.image_counts[0] + p.image_counts[1];
+  auto sub_px = p.image_counts[2] > 0
+                    ? rep.pixel_values.narrow(0, 2 * first_image, 2 * p.image_counts[2])
+                    : torch::Tensor();
+  g.row_seeds = {15, 16};
+  auto two = generate(model, rep.input_ids.narrow(0, 4, 2), rep.attention_mask.narrow(0, 4, 2),
+                      sub_px, g);
+  const int64_t T = std::min(two.sequences.size(1), all.sequences.size(1));
+  CHECK(torch::equal(two.sequences.narrow(1, 0, T), all.sequences.narrow(0, 4, 2).narrow(1, 0, T)));
+  CHECK(torch::equal(two.lengths, all.lengths.narrow(0, 4, 2)));
+  // Another seed for a row changes it; a wrong count is refused.
+  g.row_seeds = {15, 99};
+  auto other = generate(model, rep.input_ids.narrow(0, 4, 2), rep.attention_mask.narrow(0, 4, 2),
+                        sub_px, g);
+  CHECK_FALSE(torch::equal(other.sequences[1], two.sequences[1]));
+  g.row_seeds = {1};
+  CHECK_THROWS_WITH(generate(model, rep.input_ids, rep.attention_mask, rep.pixel_values, g),
+                    Catch::Matchers::Contains("1 row seeds for 6 rows"));
+}
+
 TEST_CASE("stop sequences end a row after the sequence, which stays in the output",
           "[unit][model]") {
   torch::manual_seed(2);

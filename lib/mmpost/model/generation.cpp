@@ -99,7 +99,8 @@ RepeatedBatch repeat_interleave_batch(const torch::Tensor& input_ids,
 }
 
 torch::Tensor select_next_token(const torch::Tensor& logits, const GenerationConfig& cfg,
-                                torch::Generator& generator) {
+                                torch::Generator& generator,
+                                std::vector<torch::Generator>* row_generators) {
   if (cfg.temperature <= 0.0) return logits.argmax(/*dim=*/-1);
   auto scores = logits.to(torch::kFloat32) / cfg.temperature;  // [B, V]
   const double neg_inf = -std::numeric_limits<double>::infinity();
@@ -119,6 +120,13 @@ torch::Tensor select_next_token(const torch::Tensor& logits, const GenerationCon
   }
   // Draw on the CPU generator so a seed gives the same tokens on every device.
   auto probs = scores.softmax(/*dim=*/-1).to(torch::kCPU);
+  if (row_generators != nullptr && !row_generators->empty()) {
+    std::vector<torch::Tensor> rows;
+    for (int64_t i = 0; i < probs.size(0); ++i) {
+      rows.push_back(torch::multinomial(probs[i], 1, /*replacement=*/false, (*row_generators)[i]));
+    }
+    return torch::cat(rows).to(logits.device());
+  }
   auto next = torch::multinomial(probs, /*num_samples=*/1, /*replacement=*/false, generator);
   return next.squeeze(-1).to(logits.device());
 }
@@ -138,6 +146,10 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
   const auto device = input_ids.device();
   const int64_t B = input_ids.size(0);
   auto generator = at::make_generator<at::CPUGeneratorImpl>(cfg.seed);
+  MMPOST_CHECK_USAGE(cfg.row_seeds.empty() || static_cast<int64_t>(cfg.row_seeds.size()) == B,
+                     "generation: ", cfg.row_seeds.size(), " row seeds for ", B, " rows");
+  std::vector<torch::Generator> row_generators;
+  for (uint64_t s : cfg.row_seeds) row_generators.push_back(at::make_generator<at::CPUGeneratorImpl>(s));
   auto eos = torch::tensor(cfg.eos_token_ids.empty() ? std::vector<int64_t>{-1} : cfg.eos_token_ids,
                            torch::dtype(torch::kInt64).device(device));
   auto ones = torch::ones({B, 1}, attention_mask.options());
@@ -161,7 +173,7 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
     auto allowed = image_id < logits.size(-1)
                        ? logits.index_fill(/*dim=*/-1, image_id_t, neg_inf)
                        : logits;
-    auto next = select_next_token(allowed, cfg, generator);                // [B]
+    auto next = select_next_token(allowed, cfg, generator, &row_generators);  // [B]
     auto logp = logits.log_softmax(/*dim=*/-1).gather(/*dim=*/-1, next.unsqueeze(-1)).squeeze(-1);
     next = next.masked_fill(finished, cfg.pad_token_id);
     tokens.push_back(next);

@@ -24,6 +24,10 @@ struct GenerationConfig {
   std::vector<int64_t> eos_token_ids;
   int64_t pad_token_id = 0;
   uint64_t seed = 0;
+  /// Optional per-row seeds ([B] when set): row i then samples from its own CPU generator seeded
+  /// with row_seeds[i], so a row's tokens do not depend on which other rows share the batch (a
+  /// data-parallel rollout gives each prompt the tokens one big batch would). Empty: one stream.
+  std::vector<uint64_t> row_seeds;
   /// A row stops once its new tokens END with one of these id sequences (the sequence is kept
   /// in the output). Empty sequences are refused (Error kUsage).
   std::vector<std::vector<int64_t>> stop_token_sequences;
@@ -54,8 +58,8 @@ struct GenerationOutput {
 /// says which; EOS wins when one token does both); the loop ends when every row has.
 /// The image token (config.image_token_index) is never generated (its logit is masked).
 /// With use_cache=false every step recomputes the whole sequence (a test reference).
-/// Sampling draws from a CPU torch::Generator seeded with cfg.seed, so results are reproducible
-/// on any device. `logps` score the chosen token under the unmodified model distribution
+/// Sampling draws from a CPU torch::Generator seeded with cfg.seed (or one per row from
+/// cfg.row_seeds), so results are reproducible on any device. `logps` score the chosen token under the unmodified model distribution
 /// (temperature 1, no top-k/top-p), the quantity policy-gradient losses need.
 /// Throws mmpost::Error (kUsage) for invalid settings, (kData) for image-token mismatches.
 GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
@@ -82,8 +86,10 @@ RepeatedBatch repeat_interleave_batch(const torch::Tensor& input_ids,
 
 /// Picks the next token per row from logits [B, V] float32: argmax when temperature == 0, else
 /// a draw from softmax(logits / temperature) restricted to the top_k tokens and to the smallest
-/// set whose probability mass reaches top_p (HF TopK/TopP warpers). Returns [B] int64.
+/// set whose probability mass reaches top_p (HF TopK/TopP warpers). Draws on `generator`, or on
+/// (*row_generators)[i] for row i when given and non-empty. Returns [B] int64.
 torch::Tensor select_next_token(const torch::Tensor& logits, const GenerationConfig& cfg,
-                                torch::Generator& generator);
+                                torch::Generator& generator,
+                                std::vector<torch::Generator>* row_generators = nullptr);
 
 }  // namespace mmpost::model

@@ -170,11 +170,14 @@ double Optimizer::lr_at(int64_t step) const {
 }
 
 StepStats Optimizer::step(int64_t step, double loss) {
-  if (sync_) sync_->finish();  // every rank, before any check, so no rank is left waiting
+  StepStats s;
+  if (sync_) {
+    sync_->finish();  // every rank, before any check, so no rank is left waiting
+    s.comm = sync_->take_stats();
+  }
   MMPOST_CHECK(std::isfinite(loss), "step ", step + 1, ": loss is ", loss,
                "; stopping before the update so the last checkpoint stays valid",
                "\n  hint: lower optim.lr, keep train.clip_grad_norm > 0, or use dtype float32");
-  StepStats s;
   s.grad_norm = clip_grad_norm(trainable_, clip_);
   MMPOST_CHECK(std::isfinite(s.grad_norm), "step ", step + 1, ": gradient norm is ", s.grad_norm,
                "; stopping before the update so the last checkpoint stays valid",

@@ -57,6 +57,7 @@ std::vector<std::pair<std::string, torch::Tensor>> named_parameters_of(torch::nn
 struct StepStats {
   double grad_norm = 0;  // global L2 norm before clipping
   double lr = 0;
+  dist::CommStats comm;  // gradient all-reduce of this step (zeros for one process)
 };
 
 /// The one optimizer step every stage takes after its backward passes (AdamW over the trainable

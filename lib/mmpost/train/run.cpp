@@ -115,6 +115,14 @@ nlohmann::json MetricWindow::flush(const std::string& unit) {
   return m;
 }
 
+void add_step_stats(MetricWindow& w, const StepStats& st) {
+  w.add("grad_norm", st.grad_norm);
+  if (st.comm.all_reduces == 0) return;
+  w.add("dist/allreduce_mb", static_cast<double>(st.comm.bytes_reduced) / (1024.0 * 1024.0));
+  w.add("dist/comm_wait_s", st.comm.wait_s);
+  w.add("dist/comm_s", st.comm.total_s);
+}
+
 // ---- Run ---------------------------------------------------------------------------------------
 
 Run::Run(std::string stage, const config::CommonConfig& cfg, bool allow_resume)

@@ -20,6 +20,7 @@
 #include "mmpost/dist/process_group.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/train/checkpointing.h"
+#include "mmpost/train/optimizer.h"
 
 namespace mmpost::train {
 
@@ -41,6 +42,11 @@ class MetricWindow {
   int64_t tokens_ = 0, samples_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
+
+/// Adds one optimizer step's grad_norm and, in a multi-process run, its communication to `w`:
+/// dist/allreduce_mb (gradient payload per rank), dist/comm_wait_s (time blocked in the
+/// all-reduce after backward), dist/comm_s (all of the reduction step).
+void add_step_stats(MetricWindow& w, const StepStats& st);
 
 /// How a run ended, as reported in the summary ("exit_reason").
 enum class RunEnd { kCompleted, kAlreadyFinished, kSignal };
