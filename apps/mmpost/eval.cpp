@@ -15,6 +15,7 @@
 #include "mmpost/hub/hf_folder.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/train/evaluate.h"
+#include "mmpost/stage_common.h"
 #include "mmpost/train/preference.h"
 
 namespace mmpost::cli {
@@ -37,6 +38,7 @@ struct EvalArgs {
   std::string ref_model;   // preference data: reference policy (empty = reference-free)
   double beta = 0.1;       // preference data: DPO beta of the implicit reward
   std::vector<std::string> rewards;  // reward functions scored on each prediction
+  double dist_timeout_s = 300;       // torchrun / srun launches
 };
 
 /// True when the first well-formed record of `path` is a preference pair (has "chosen").
@@ -102,8 +104,11 @@ int run_eval(EvalArgs a) {
   MMPOST_CHECK_USAGE(a.max_new_tokens > 0 && a.batch_size > 0 && a.num_workers > 0,
                      "--max-new-tokens, --batch-size and --num-workers must be > 0");
   if (a.num_threads > 0) torch::set_num_threads(static_cast<int>(a.num_threads));
-  const torch::Device device = resolve_device(a.device);
+  // Under torchrun / srun: each rank evaluates its share, rank 0 writes predictions and summary.
+  auto dp = join_process_group(a.device, a.dist_timeout_s, "eval");
+  const torch::Device device = dp.device;
   const torch::Dtype dtype = resolve_dtype(a.dtype, device);
+  const bool main_rank = dp.world.rank == 0;
 
   // ---- model -------------------------------------------------------------------------------
   auto p = hub::load_pretrained(a.model_dir);
@@ -121,11 +126,17 @@ int run_eval(EvalArgs a) {
                           p.config.n_image_tokens(), true};
   ctx.image = p.image;
   ctx.max_length = a.max_length;
-  if (is_preference_file(a.data)) return run_preference_eval(a, p, ctx, device, dtype);
+  if (is_preference_file(a.data)) {
+    MMPOST_CHECK_USAGE(dp.world.world_size == 1, "eval: preference data is evaluated by one "
+                       "process (launched as ", dp.world.world_size, ")");
+    return run_preference_eval(a, p, ctx, device, dtype);
+  }
   MMPOST_CHECK_USAGE(a.ref_model.empty(), "--ref-model applies to preference data; ", a.data,
                      " holds no \"chosen\"/\"rejected\" pairs");
   std::unique_ptr<io::JsonlWriter> preds;
-  if (a.out == "-") {  // predictions on stdout; the summary object stays the last line
+  if (!main_rank) {
+    // rank 0 writes
+  } else if (a.out == "-") {  // predictions on stdout; the summary object stays the last line
     preds = std::make_unique<io::JsonlWriter>("-");
   } else if (!a.out.empty()) {
     if (fs::path(a.out).has_parent_path()) fs::create_directories(fs::path(a.out).parent_path());
@@ -137,6 +148,8 @@ int run_eval(EvalArgs a) {
   eo.max_samples = a.max_samples;
   eo.num_workers = a.num_workers;
   eo.skip_bad = a.on_bad_sample == "skip";
+  eo.pg = dp.pg.get();
+  eo.gather_predictions = !a.out.empty();
   if (!a.rewards.empty()) {
     nlohmann::json specs = nlohmann::json::array();
     for (const auto& name : a.rewards) {
@@ -165,7 +178,7 @@ int run_eval(EvalArgs a) {
     result["rewards/" + name] = mean;
     log_info("eval: rewards/" + name + " " + std::to_string(mean));
   }
-  std::cout << result.dump() << std::endl;
+  if (main_rank) std::cout << result.dump() << std::endl;
   return 0;
 }
 }  // namespace
@@ -183,7 +196,9 @@ Stage setup_eval(CLI::App& app) {
       ->capture_default_str();
   sub->add_option("--batch-size", a.batch_size, "prompts per generation batch")
       ->capture_default_str();
-  sub->add_option("--max-samples", a.max_samples, "evaluate at most N samples (0 = all)")
+  sub->add_option("--dist-timeout", a.dist_timeout_s,
+                  "under torchrun/srun: seconds a rank waits for its peers")->capture_default_str();
+  sub->add_option("--max-samples", a.max_samples, "evaluate at most the first N records (0 = all)")
       ->capture_default_str();
   sub->add_option("--max-length", a.max_length, "max prompt tokens")->capture_default_str();
   sub->add_option("--device", a.device, "auto | cpu | cuda | cuda:N")->capture_default_str();

@@ -4,10 +4,13 @@
 // quietly); logs and progress go to stderr.
 #include <algorithm>
 #include <csignal>
+#include <sstream>
+#include <tuple>
 #include <filesystem>
 #include <iostream>
 
 #include "mmpost/cli_common.h"
+#include "mmpost/stage_common.h"
 #include "mmpost/core/check.h"
 #include "mmpost/core/device.h"
 #include "mmpost/core/log.h"
@@ -40,6 +43,7 @@ struct GenerateArgs {
   int64_t max_length = 2048;
   int64_t num_workers = 2;
   std::string on_bad_sample = "error";
+  double dist_timeout_s = 300;  // torchrun / srun launches
 };
 
 /// A prompt and whether its record carried a reference reply.
@@ -92,6 +96,38 @@ void validate(const GenerateArgs& a) {
   MMPOST_CHECK_USAGE(fs::is_regular_file(a.data), "--data ", a.data, ": no such file");
 }
 
+/// Prefixes each of the window's output lines with "line\tsample\t" (lines hold G rows per
+/// prompt, in prompt order).
+std::string tag_lines(const std::string& lines, const std::vector<PromptSample>& prompts,
+                      int64_t G) {
+  std::istringstream in(lines);
+  std::string out, l;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    for (int64_t g = 0; g < G && std::getline(in, l); ++g) {
+      out += std::to_string(prompts[i].sample.line) + "\t" + std::to_string(g) + "\t" + l + "\n";
+    }
+  }
+  return out;
+}
+
+/// The tagged lines of every rank, ordered by (line, sample), tags removed.
+std::string merge_tagged(const std::vector<std::string>& parts) {
+  std::vector<std::tuple<int64_t, int64_t, std::string>> rows;
+  for (const auto& part : parts) {
+    std::istringstream in(part);
+    std::string l;
+    while (std::getline(in, l)) {
+      const auto t1 = l.find('\t'), t2 = l.find('\t', t1 + 1);
+      rows.emplace_back(std::stoll(l.substr(0, t1)), std::stoll(l.substr(t1 + 1, t2 - t1 - 1)),
+                        l.substr(t2 + 1));
+    }
+  }
+  std::sort(rows.begin(), rows.end());
+  std::string out;
+  for (const auto& r : rows) out += std::get<2>(r) + "\n";
+  return out;
+}
+
 int run_generate(GenerateArgs a) {
   // ---- setup -------------------------------------------------------------------------------
   StdinSpool spool(a.data);  // --data -
@@ -99,7 +135,12 @@ int run_generate(GenerateArgs a) {
   // A closed stdout (`| head`) must end the run, not kill it mid-write: writes then fail with
   // EPIPE, which the loop below checks after each flush.
   std::signal(SIGPIPE, SIG_IGN);
-  const torch::Device device = resolve_device(a.device);
+  // Under torchrun / srun each rank generates for its share of the prompts; rank 0 prints every
+  // completion, in input order, window by window.
+  auto dp = join_process_group(a.device, a.dist_timeout_s, "generate");
+  MMPOST_CHECK_USAGE(!dp.pg || a.data != "-", "generate: --data - (stdin) needs one process");
+  const bool sharded = dp.pg != nullptr, main_rank = dp.world.rank == 0;
+  const torch::Device device = dp.device;
   const torch::Dtype dtype = resolve_dtype(a.dtype, device);
   if (a.num_generations > 1 && a.temperature == 0.0) {
     log_warn("generate: --temperature 0 is greedy: all " + std::to_string(a.num_generations) +
@@ -129,6 +170,9 @@ int run_generate(GenerateArgs a) {
   lo.batch_size = a.batch_size;
   lo.num_workers = a.num_workers;
   lo.skip_bad = a.on_bad_sample == "skip";
+  lo.max_records = a.max_samples;
+  lo.rank = dp.world.rank;
+  lo.world_size = dp.world.world_size;
   data::StreamingLoader<PromptSample> loader(lo, [&ctx](const nlohmann::json& rec, int64_t line) {
     return make_prompt_sample(rec, line, ctx);
   });
@@ -164,13 +208,14 @@ int run_generate(GenerateArgs a) {
   Progress progress("generate", total);
   const int64_t G = a.num_generations;
   int64_t n_prompts = 0, n_completions = 0, n_tokens = 0;
-  for (int64_t batch_index = 0; a.max_samples <= 0 || n_prompts < a.max_samples; ++batch_index) {
+  while (true) {
     auto prompts = loader.next_batch();
     if (!prompts) break;
-    if (prompts->empty()) continue;  // a window whose records were all skipped
-    if (a.max_samples > 0 && n_prompts + static_cast<int64_t>(prompts->size()) > a.max_samples) {
-      prompts->resize(a.max_samples - n_prompts);
-    }
+    // A window whose records were all skipped (or, sharded, other ranks'): nothing to generate,
+    // but a sharded rank still joins the window's gather below.
+    if (prompts->empty() && !sharded) continue;
+    std::string lines;
+    if (!prompts->empty()) {
     std::vector<data::SftSample> samples;
     std::vector<int64_t> image_counts;
     for (const auto& q : *prompts) {
@@ -180,8 +225,14 @@ int run_generate(GenerateArgs a) {
     auto batch = data::collate_prompts(samples, gen.pad_token_id).to(device, dtype);
     auto rep = model::repeat_interleave_batch(batch.input_ids, batch.attention_mask,
                                               batch.pixel_values, image_counts, G);  // [B*G, T]
-    // One seed per batch, from (seed, batch index) only: reruns with the same flags repeat.
-    gen.seed = data::sample_seed(static_cast<uint64_t>(a.seed), /*epoch=*/0, batch_index);
+    // One seed per completion, from (seed, prompt line, sample) only: reruns with the same flags
+    // repeat, whatever the batch size or the number of ranks.
+    gen.row_seeds.clear();
+    for (const auto& q : *prompts) {
+      for (int64_t g = 0; g < G; ++g) {
+        gen.row_seeds.push_back(data::sample_seed(static_cast<uint64_t>(a.seed), q.sample.line, g));
+      }
+    }
     auto out = model::generate(p.model, rep.input_ids, rep.attention_mask, rep.pixel_values, gen);
     auto seqs_t = out.sequences.cpu();
     auto lens_t = out.lengths.cpu();
@@ -189,7 +240,6 @@ int run_generate(GenerateArgs a) {
     auto logp_sum_t = out.logps.sum(/*dim=*/1).to(torch::kCPU, torch::kFloat64);  // [B*G]
     auto seqs = seqs_t.accessor<int64_t, 2>();
 
-    std::string lines;
     for (size_t i = 0; i < prompts->size(); ++i) {
       const auto& q = (*prompts)[i];
       const std::string prompt_text =
@@ -214,14 +264,22 @@ int run_generate(GenerateArgs a) {
         n_tokens += len;
       }
     }
+    }  // this rank's prompts of the window
+    const auto n_local = static_cast<int64_t>(prompts->size());
+    n_prompts += n_local;
+    n_completions += n_local * G;
+    if (sharded) {  // rank 0 prints the window's completions of every rank, in line order
+      const std::string tagged = tag_lines(lines, *prompts, G);
+      auto parts = dp.pg->all_gather_object(tagged);
+      lines = main_rank ? merge_tagged(parts) : std::string();
+    }
+    if (!main_rank) continue;
     std::cout << lines << std::flush;
     if (!std::cout) {
       log_info("generate: stdout closed; stopping after " + std::to_string(n_completions) +
                " completions");
       return 0;
     }
-    n_prompts += static_cast<int64_t>(prompts->size());
-    n_completions += static_cast<int64_t>(prompts->size()) * G;
     progress.update(n_prompts, std::to_string(n_completions) + " completions");
   }
   progress.finish();
@@ -257,13 +315,15 @@ Stage setup_generate(CLI::App& app) {
   sub->add_option("--batch-size", a.batch_size,
                   "prompts per batch (batch-size x num-generations rows)")
       ->capture_default_str();
-  sub->add_option("--max-samples", a.max_samples, "use at most N prompts (0 = all)")
+  sub->add_option("--max-samples", a.max_samples, "use at most the first N prompt records (0 = all)")
       ->capture_default_str();
   sub->add_option("--max-length", a.max_length, "max prompt tokens")->capture_default_str();
   sub->add_option("--device", a.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   sub->add_option("--dtype", a.dtype, "float32 | bfloat16")->capture_default_str();
   sub->add_option("--num-workers", a.num_workers, "preprocessing threads")->capture_default_str();
   sub->add_option("--on-bad-sample", a.on_bad_sample, "error | skip")->capture_default_str();
+  sub->add_option("--dist-timeout", a.dist_timeout_s,
+                  "under torchrun/srun: seconds a rank waits for its peers")->capture_default_str();
   return {sub, [] { return run_generate(a); }};
 }
 

@@ -263,6 +263,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     eo.skip_bad = skip_bad;
     eo.num_workers = cfg.data.num_workers;
     eo.show_progress = false;
+    eo.pg = run.process_group();  // each rank evaluates its share
     eo.rewards = specs;
     data::SampleContext ectx = ctx;
     auto r = train::evaluate_exact_match(model, ectx, cfg.data.eval, eo, device, dtype, nullptr);

@@ -85,6 +85,7 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
     eo.skip_bad = cfg.data.on_bad_sample == "skip";
     eo.num_workers = cfg.data.num_workers;
     eo.show_progress = false;
+    eo.pg = run.process_group();  // each rank evaluates its share
     auto r = train::evaluate_exact_match(model, ctx, cfg.data.eval, eo, device, dtype, nullptr);
     run.log_eval({{"eval/accuracy", r.accuracy}, {"eval/n", r.n}},
                  "sft: eval step " + std::to_string(run.state.step) + " accuracy " +

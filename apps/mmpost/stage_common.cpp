@@ -54,6 +54,28 @@ data::LoaderOptions train_loader_options(const config::CommonConfig& cfg,
   return lo;
 }
 
+DataParallelContext join_process_group(const std::string& device, double timeout_s,
+                                       const std::string& command) {
+  DataParallelContext c;
+  try {
+    c.world = dist::world_from_env();
+  } catch (const std::runtime_error& e) {
+    throw Error(ErrorKind::kUsage, command + ": " + e.what(),
+                "launch with torchrun (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) or srun");
+  }
+  set_log_rank(c.world.rank, c.world.world_size);
+  c.device = resolve_device(device);
+  if (c.world.world_size == 1) return c;
+  if (c.device.is_cuda() && !c.device.has_index()) {
+    c.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(c.world.local_rank));
+  }
+  log_info(command + ": joining " + std::to_string(c.world.world_size) + " processes (" +
+           c.world.launcher + ")");
+  c.pg = std::make_unique<dist::ProcessGroup>(c.world, timeout_s,
+                                              c.device.is_cuda() ? "nccl" : "gloo");
+  return c;
+}
+
 int64_t pad_id_of(const data::Tokenizer& tok) {
   return tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
 }

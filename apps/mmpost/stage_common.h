@@ -79,6 +79,21 @@ StepBatches<Sample> next_step_batches(data::StreamingLoader<Sample>& loader, int
   return s;
 }
 
+/// This process's place in a torchrun / srun launch, for the commands without a train::Run
+/// (eval, generate): the process group when there is more than one process, and the device
+/// (cuda:LOCAL_RANK for a CUDA device without an index).
+struct DataParallelContext {
+  dist::WorldInfo world;
+  std::unique_ptr<dist::ProcessGroup> pg;  // nullptr for one process
+  torch::Device device{torch::kCPU};
+};
+
+/// Reads the launcher environment, sets the log rank and joins the group (Gloo on CPU, NCCL on
+/// CUDA) with `timeout_s`. Throws Error(kUsage) naming the variable for a malformed environment,
+/// dist::DistError when the peers do not meet in time.
+DataParallelContext join_process_group(const std::string& device, double timeout_s,
+                                       const std::string& command);
+
 /// Pad id for collation: the tokenizer's pad, else EOS.
 int64_t pad_id_of(const data::Tokenizer& tok);
 

@@ -430,6 +430,43 @@ TEST_CASE("dist: uneven data, text-only ranks and dead peers", "[e2e][dist]") {
   }
 }
 
+TEST_CASE("dist eval and generate: shards on 3 ranks, rank 0 writes everything in input order",
+          "[e2e][dist]") {
+  TempDir dir("dist_eval");
+  auto model = tiny_model(dir.path);
+  const std::string data = (kDigits / "val.jsonl").string();
+  // eval: the same predictions file and summary as one process (rank 0 prints the summary).
+  const std::string eval = "eval --model " + model.string() + " --data " + data +
+                           " --max-samples 25 --batch-size 4 --num-threads 1 --dist-timeout 60";
+  auto one = run_cli(eval + " --out " + (dir.path / "one.jsonl").string(), dir.path / "e1");
+  INFO(one.err);
+  REQUIRE(one.code == 0);
+  run_ranks_ok(eval + " --out " + (dir.path / "three.jsonl").string(), 3, dir.path / "e3");
+  CHECK(read_all(dir.path / "three.jsonl") == read_all(dir.path / "one.jsonl"));
+  size_t n_lines = 0;
+  for (char c : read_all(dir.path / "one.jsonl")) n_lines += c == '\n';
+  CHECK(n_lines == 25);
+  auto s1 = nlohmann::json::parse(one.out.substr(0, one.out.find('\n')));
+  auto s3 = nlohmann::json::parse(read_all(dir.path / "e3" / "stdout0.txt"));
+  CHECK(s3["n"] == 25);
+  CHECK(s3["n_correct"] == s1["n_correct"]);
+  CHECK(read_all(dir.path / "e3" / "stdout1.txt").empty());
+  // generate: sampled completions are seeded per (line, sample), so 3 ranks print exactly what
+  // one process prints, in input order.
+  const std::string gen = "generate --model " + model.string() + " --data " + data +
+                          " --max-samples 10 --batch-size 2 --num-generations 2 --max-new-tokens 5"
+                          " --seed 3 --dist-timeout 60";
+  auto g1 = run_cli(gen, dir.path / "g1");
+  INFO(g1.err);
+  REQUIRE(g1.code == 0);
+  run_ranks_ok(gen, 3, dir.path / "g3");
+  CHECK(read_all(dir.path / "g3" / "stdout0.txt") == g1.out);
+  size_t n_gen = 0;
+  for (char c : g1.out) n_gen += c == '\n';
+  CHECK(n_gen == 20);
+  CHECK(read_all(dir.path / "g3" / "stdout2.txt").empty());
+}
+
 TEST_CASE("dist: a malformed launcher environment exits 2 naming the variable",
           "[e2e][dist]") {
   TempDir dir("dist_env");

@@ -39,6 +39,7 @@ struct LoaderOptions {
   bool skip_bad = false;       // on_bad_sample: skip (else the first bad record throws)
   bool repeat = false;         // start a new epoch at EOF instead of ending
   int rank = 0, world_size = 1;
+  int64_t max_records = 0;     // stop each epoch after this many stream positions (0: all)
 };
 
 /// Position in the stream, saved in checkpoints: the epoch and the stream position (records of
@@ -198,6 +199,7 @@ class StreamingLoader {
       std::vector<io::JsonlRecord> buffer;
       int64_t seq = 0;
       auto emit = [&](io::JsonlRecord&& rec) -> bool {
+        if (opts_.max_records > 0 && seq >= opts_.max_records) return false;  // the cap: end here
         int64_t s = seq++;
         if (s % opts_.world_size != opts_.rank) return true;  // another rank's record
         if (s < cursor_.consumed) return true;  // resumed: already consumed, not preprocessed
@@ -218,7 +220,7 @@ class StreamingLoader {
       };
       io::JsonlRecord rec;
       bool ok = true;
-      while (ok && reader.next(rec)) {
+      while (ok && (opts_.max_records <= 0 || seq < opts_.max_records) && reader.next(rec)) {
         if (opts_.shuffle_buffer <= 1) {
           ok = emit(std::move(rec));
           continue;

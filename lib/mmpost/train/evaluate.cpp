@@ -1,7 +1,10 @@
 // Exact-match evaluation by greedy generation (see evaluate.h).
 #include "mmpost/train/evaluate.h"
 
+#include <algorithm>
 #include <chrono>
+#include <map>
+#include <sstream>
 
 #include "mmpost/core/log.h"
 #include "mmpost/data/collate.h"
@@ -31,6 +34,13 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
   lo.batch_size = opts.batch_size;
   lo.num_workers = opts.num_workers;
   lo.skip_bad = opts.skip_bad;
+  lo.max_records = opts.max_samples;
+  const bool sharded = opts.pg != nullptr && opts.pg->world_size() > 1;
+  if (sharded) {
+    lo.rank = opts.pg->rank();
+    lo.world_size = opts.pg->world_size();
+  }
+  std::vector<std::pair<int64_t, std::string>> rows;  // sharded: (line, prediction row) to gather
   data::StreamingLoader<data::SftSample> loader(
       lo, [&c](const nlohmann::json& rec, int64_t line) {
         return data::make_sft_sample(rec, line, c, /*prompt_only=*/true);
@@ -51,13 +61,10 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
   ExactMatchResult r;
   std::vector<double> reward_sums(opts.rewards.size(), 0.0);
   std::vector<std::string> reward_names;
-  while (opts.max_samples <= 0 || r.n < opts.max_samples) {
+  while (true) {
     auto samples = loader.next_batch();
     if (!samples) break;
-    if (samples->empty()) continue;  // a window whose records were all skipped
-    if (opts.max_samples > 0 && r.n + static_cast<int64_t>(samples->size()) > opts.max_samples) {
-      samples->resize(opts.max_samples - r.n);
-    }
+    if (samples->empty()) continue;  // a window whose records were all skipped (or other ranks')
     auto batch = data::collate_prompts(*samples, gen.pad_token_id).to(device, dtype);
     auto out = model::generate(model, batch.input_ids, batch.attention_mask, batch.pixel_values, gen);
     auto seqs_t = out.sequences.cpu();
@@ -85,12 +92,17 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
       po.add_generation_prompt = true;
       prompts.push_back(data::render_conversation(msgs, tok, po));
       n_tokens.push_back(lens[i]);
-      if (preds != nullptr) {
-        preds->write({{"id", (*samples)[i].id},
-                      {"prediction", pred},
-                      {"prediction_ids", ids},
-                      {"reference", (*samples)[i].reference},
-                      {"correct", correct}});
+      if (preds != nullptr || (sharded && opts.gather_predictions)) {
+        nlohmann::json row = {{"id", (*samples)[i].id},
+                              {"prediction", pred},
+                              {"prediction_ids", ids},
+                              {"reference", (*samples)[i].reference},
+                              {"correct", correct}};
+        if (sharded) {
+          rows.emplace_back((*samples)[i].line, row.dump());
+        } else {
+          preds->write(row);
+        }
       }
     }
     if (!opts.rewards.empty()) {
@@ -107,6 +119,43 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
   progress.finish();
   if (was_training) model->train();
   r.n_skipped = loader.n_skipped();
+  if (sharded) {  // sum the counts, gather the predictions to rank 0 in line order
+    std::vector<torch::Tensor> t{torch::tensor(
+        std::vector<double>{static_cast<double>(r.n), static_cast<double>(r.n_correct),
+                            static_cast<double>(r.n_skipped)},
+        torch::kFloat64)};
+    for (double v : reward_sums) t.push_back(torch::tensor({v}, torch::kFloat64));
+    opts.pg->all_reduce_sum(t);
+    r.n = static_cast<int64_t>(t[0][0].item<double>());
+    r.n_correct = static_cast<int64_t>(t[0][1].item<double>());
+    r.n_skipped = static_cast<int64_t>(t[0][2].item<double>());
+    for (size_t k = 0; k < reward_sums.size(); ++k) reward_sums[k] = t[1 + k].item<double>();
+    if (opts.gather_predictions) {
+      std::string mine;
+      for (const auto& [line, row] : rows) mine += std::to_string(line) + "\t" + row + "\n";
+      auto parts = opts.pg->all_gather_object(mine);
+      if (preds != nullptr) {
+        std::vector<std::pair<int64_t, std::string>> all;
+        for (const auto& part : parts) {
+          std::istringstream in(part);
+          std::string l;
+          while (std::getline(in, l)) {
+            auto tab = l.find('\t');
+            all.emplace_back(std::stoll(l.substr(0, tab)), l.substr(tab + 1));
+          }
+        }
+        std::sort(all.begin(), all.end());
+        for (const auto& [line, row] : all) preds->write(nlohmann::json::parse(row));
+      }
+    }
+    if (reward_names.empty() && !opts.rewards.empty()) {  // this rank scored nothing
+      std::map<std::string, int> seen;  // algo::score_all's names: repeats get _2, _3, ...
+      for (const auto& spec : opts.rewards) {
+        const int k = ++seen[spec.name];
+        reward_names.push_back(k == 1 ? spec.name : spec.name + "_" + std::to_string(k));
+      }
+    }
+  }
   r.accuracy = r.n > 0 ? static_cast<double>(r.n_correct) / r.n : 0.0;
   for (size_t k = 0; k < reward_names.size(); ++k) {
     r.reward_means[reward_names[k]] = r.n > 0 ? reward_sums[k] / r.n : 0.0;

@@ -9,6 +9,7 @@
 
 #include "mmpost/algo/rewards.h"
 #include "mmpost/data/sft_dataset.h"
+#include "mmpost/dist/process_group.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/model/vlm.h"
 
@@ -26,6 +27,12 @@ struct ExactMatchOptions {
   /// reference given to them is the record's "answer" field, else the <answer> of the final
   /// assistant turn, else that turn's text (the same rule as `mmpost rlhf`).
   std::vector<algo::RewardSpec> rewards;
+  /// Data parallel: each rank of `pg` evaluates its share of the records (positions p % world ==
+  /// rank), the counts are summed and the predictions go to rank 0's writer in input (line)
+  /// order. Every rank must call evaluate_exact_match; nullptr = this process evaluates all.
+  dist::ProcessGroup* pg = nullptr;
+  /// With pg: gather the prediction rows to rank 0 (set on every rank when rank 0 writes them).
+  bool gather_predictions = false;
 };
 
 /// Aggregate result.
@@ -46,7 +53,8 @@ std::string trim(const std::string& s);
 /// is the reference) and scores exact match. `ctx` supplies tokenizer, template and image
 /// settings; the model runs on `device` with pixel_values cast to `dtype`. Each prediction goes to
 /// `preds` (if not null) as {"id", "prediction", "prediction_ids", "reference", "correct"}.
-/// Throws Error(kData) for bad records unless opts.skip_bad.
+/// At most opts.max_samples records are read (bad ones count). Throws Error(kData) for bad
+/// records unless opts.skip_bad, dist::DistError when a peer fails.
 ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleContext& ctx,
                                       const std::string& path, const ExactMatchOptions& opts,
                                       const torch::Device& device, torch::Dtype dtype,
