@@ -467,6 +467,27 @@ TEST_CASE("dist eval and generate: shards on 3 ranks, rank 0 writes everything i
   CHECK(read_all(dir.path / "g3" / "stdout2.txt").empty());
 }
 
+TEST_CASE("dist: a real torchrun launch (its agent's store) equals one process", "[e2e][dist]") {
+  const fs::path torchrun = fs::path(MMPOST_SOURCE_DIR) / ".venv/bin/torchrun";
+  if (!fs::exists(torchrun)) MMPOST_SKIP("no .venv/bin/torchrun (scripts/setup.sh installs torch)");
+  TempDir dir("dist_torchrun");
+  const std::string args = kSft + "--set train.max_steps=3 ";
+  auto one = run_cli(args + "--set train.batch_size=8 --output " + (dir.path / "one").string(),
+                     dir.path / "l1");
+  INFO(one.err);
+  REQUIRE(one.code == 0);
+  std::string cmd = std::string("cd ") + MMPOST_SOURCE_DIR + " && " + torchrun.string() +
+                    " --nproc-per-node 2 --master-port " + std::to_string(free_port()) +
+                    " --no-python " + MMPOST_BINARY + " " + args +
+                    "--set train.batch_size=4 --output " + (dir.path / "two").string() + " > " +
+                    (dir.path / "tr.out").string() + " 2> " + (dir.path / "tr.err").string();
+  int status = std::system(cmd.c_str());
+  INFO(read_all(dir.path / "tr.err"));
+  REQUIRE(WEXITSTATUS(status) == 0);
+  CHECK_THAT(read_all(dir.path / "tr.err"), HasSubstr("joining 2 processes (torchrun"));
+  check_same_run(dir.path / "one", dir.path / "two", "model.safetensors", 3);
+}
+
 TEST_CASE("dist: a malformed launcher environment exits 2 naming the variable",
           "[e2e][dist]") {
   TempDir dir("dist_env");

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Preemption test of scripts/slurm/sft.sbatch on a private single-node Slurm cluster (localhost).
+# Preemption test of scripts/slurm/sft.sbatch, and an srun data-parallel job of
+# scripts/slurm/multinode.sbatch, on a private single-node Slurm cluster (localhost).
 #
 #   bash tests/slurm/test_slurm_preemption.sh      # from anywhere; needs root and build/mmpost
 #
@@ -367,6 +368,47 @@ if [ -n "$JB" ]; then
     FAILED=$((FAILED + 1))
     log "FAIL pre-timeout"
     dump "$LOG_B"
+  fi
+fi
+
+# ---- test 3: srun data parallelism (scripts/slurm/multinode.sbatch, 2 tasks on this node):
+# the losses equal one process with the 2x batch (the loader's window rule), rank 0 alone writes.
+if [ "${SLURM_TEST_SRUN:-1}" = 1 ]; then
+  BAD=0
+  DP_FLAGS=(--set data.eval='""' --set train.max_steps=5 --set train.log_every_n_steps=1
+            --set optim.lr=1e-3 --set dist.timeout_s=60 --set data.num_workers=1)
+  OUT_DP=$T/dp
+  JD=$(cd "$T/submit" && env -u MMPOST_ROOT STAGE=sft RECIPE="$RECIPE" OUT="$OUT_DP" MMPOST_ROOT="$ROOT" \
+       sbatch --parsable -J mmpost-dp --nodes=1 --ntasks=2 --cpus-per-task=1 --mem=2G --time=5 \
+       "$ROOT/scripts/slurm/multinode.sbatch" "${DP_FLAGS[@]}" --set train.batch_size=6) ||
+    fail_now "sbatch (job D, multinode.sbatch) failed"
+  JOBS+=("$JD")
+  LOG_D=$T/submit/mmpost-dp-$JD.log
+  log "job D $JD (srun, 2 tasks) submitted"
+  "$BIN" sft --recipe "$RECIPE" --output "$T/dp_one" "${DP_FLAGS[@]}" --set num_threads=1 \
+    --set train.batch_size=12 >"$T/dp_one.log" 2>&1 </dev/null || { cat "$T/dp_one.log"; fail_now "1-process reference for job D failed"; }
+  wait_for 180 "job D to finish" job_final "$JD" || true
+  state=$(job_field "$JD" JobState) ec=$(job_field "$JD" ExitCode)
+  log "job D: JobState=$state ExitCode=$ec"
+  check "job D COMPLETED" [ "$state" = COMPLETED ]
+  check "job D exit code 0:0" [ "$ec" = 0:0 ]
+  check "two ranks joined over srun" in_log "$LOG_D" "joining 2 processes (slurm"
+  check "one summary line (rank 0 only)" [ "$(grep -c '"exit_reason":"completed"' "$LOG_D")" = 1 ]
+  check "losses equal the 1-process run with batch 12 (rel 1e-5)" python3 - "$T/dp_one/metrics.jsonl" "$OUT_DP/metrics.jsonl" <<'PY'
+import json, sys
+def losses(p):
+    return [json.loads(l)["loss"] for l in open(p) if '"loss"' in l]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+print("losses 1 process:", a, "\n losses 2 ranks: ", b, file=sys.stderr)
+sys.exit(0 if len(a) == len(b) == 5 and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)) else 1)
+PY
+  if [ $BAD = 0 ]; then
+    PASSED=$((PASSED + 1))
+    log "PASS srun: 2 ranks via multinode.sbatch equal one process with the 2x batch"
+  else
+    FAILED=$((FAILED + 1))
+    log "FAIL srun"
+    dump "$LOG_D" "$T/dp_one.log"
   fi
 fi
 
