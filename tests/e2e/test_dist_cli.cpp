@@ -231,7 +231,8 @@ TEST_CASE("dist sft: a 2-rank checkpoint resumes on 3 ranks and on 1 and continu
   }
 }
 
-TEST_CASE("dist dpo and rm: 2 ranks with batch B equal one process with batch 2B", "[e2e][dist]") {
+TEST_CASE("dist dpo and rm: 2 and 3 ranks with batch B equal one process with batch N*B",
+          "[e2e][dist]") {
   TempDir dir("dist_pref");
   auto start = tiny_model(dir.path);
   auto prefs = write_prefs(dir.path, 40);
@@ -245,19 +246,22 @@ TEST_CASE("dist dpo and rm: 2 ranks with batch B equal one process with batch 2B
                        dir.path / ("log_" + stage + "1"));
       INFO(r.err);
       REQUIRE(r.code == 0);
-      run_ranks_ok(args + " --set train.batch_size=3 --output " + (dir.path / (stage + "2")).string(),
-                   2, dir.path / ("log_" + stage + "2"));
-      check_same_run(dir.path / (stage + "1"), dir.path / (stage + "2"), "model.safetensors", 5,
-                     start);
-      if (stage == "rm") {
-        CHECK(max_weight_diff(dir.path / "rm1/reward_head.safetensors",
-                              dir.path / "rm2/reward_head.safetensors") < 1e-5);
+      for (int n : {2, 3}) {  // the global batch stays 6 pairs
+        const std::string name = stage + std::to_string(n);
+        run_ranks_ok(args + " --set train.batch_size=" + std::to_string(6 / n) + " --output " +
+                         (dir.path / name).string(),
+                     n, dir.path / ("log_" + name));
+        check_same_run(dir.path / (stage + "1"), dir.path / name, "model.safetensors", 5, start);
+        if (stage == "rm") {
+          CHECK(max_weight_diff(dir.path / "rm1/reward_head.safetensors",
+                                dir.path / name / "reward_head.safetensors") < 1e-5);
+        }
       }
     }
   }
 }
 
-TEST_CASE("dist rlhf grpo: 2 ranks with B prompts equal one process with 2B prompts",
+TEST_CASE("dist rlhf grpo: 2 and 3 ranks with B prompts equal one process with N*B prompts",
           "[e2e][dist]") {
   // Per-completion seeds make the sampled tokens independent of the rank layout; advantages come
   // from the gathered rewards; losses are scaled to the step's global normalisers.
@@ -288,21 +292,26 @@ TEST_CASE("dist rlhf grpo: 2 ranks with B prompts equal one process with 2B prom
                                " --set train.max_steps=5 --set train.log_every_n_steps=1"
                                " --set rlhf.num_generations=8 --set rlhf.loss_type=" + loss +
                                " --set rlhf.beta=0.04 --set dist.timeout_s=60 " + kLr;
-      auto r = run_cli(args + " --set train.batch_size=4 --output " + (dir.path / (loss + "1")).string(),
+      auto r = run_cli(args + " --set train.batch_size=6 --output " + (dir.path / (loss + "1")).string(),
                        dir.path / ("l1" + loss));
       INFO(r.err);
       REQUIRE(r.code == 0);
-      run_ranks_ok(args + " --set train.batch_size=2 --output " + (dir.path / (loss + "2")).string(),
-                   2, dir.path / ("l2" + loss));
-      auto a = train_rows(dir.path / (loss + "1/metrics.jsonl"));
-      auto b = train_rows(dir.path / (loss + "2/metrics.jsonl"));
-      REQUIRE(a.size() == 5);
-      REQUIRE(b.size() == 5);
-      for (size_t i = 0; i < 5; ++i) {
-        CHECK(b[i]["reward"].get<double>() == Approx(a[i]["reward"].get<double>()).margin(1e-9));
-        CHECK(b[i]["pass_rate"].get<double>() == Approx(a[i]["pass_rate"].get<double>()).margin(1e-9));
+      // 6 prompts per step: 2 ranks x 3 and (for the default loss) 3 ranks x 2.
+      for (int n : loss == "dapo" ? std::vector<int>{2, 3} : std::vector<int>{2}) {
+        const std::string name = loss + std::to_string(n);
+        run_ranks_ok(args + " --set train.batch_size=" + std::to_string(6 / n) + " --output " +
+                         (dir.path / name).string(),
+                     n, dir.path / ("l" + name));
+        auto a = train_rows(dir.path / (loss + "1/metrics.jsonl"));
+        auto b = train_rows(dir.path / name / "metrics.jsonl");
+        REQUIRE(a.size() == 5);
+        REQUIRE(b.size() == 5);
+        for (size_t i = 0; i < 5; ++i) {
+          CHECK(b[i]["reward"].get<double>() == Approx(a[i]["reward"].get<double>()).margin(1e-9));
+          CHECK(b[i]["pass_rate"].get<double>() == Approx(a[i]["pass_rate"].get<double>()).margin(1e-9));
+        }
+        check_same_run(dir.path / (loss + "1"), dir.path / name, "model.safetensors", 5, start);
       }
-      check_same_run(dir.path / (loss + "1"), dir.path / (loss + "2"), "model.safetensors", 5, start);
     }
   }
   // Token-level estimators are refused on several ranks, naming the key.
