@@ -5,8 +5,10 @@
 // pruning keeps the newest, and a value head round-trips.
 #include <unistd.h>
 
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 
 #include "catch.h"
@@ -135,6 +137,49 @@ TEST_CASE("names: rlhf help text lists exactly the names the algo tables parse",
   }
   check("rlhf.kl_estimator", algo::parse_kl_estimator, kls);
   CHECK_THROWS_WITH(algo::parse_kl_estimator("k4"), HasSubstr("rlhf.kl_estimator: unknown value 'k4'"));
+}
+
+TEST_CASE("names: each recipe choice's help text lists exactly the values validation accepts",
+          "[unit][run]") {
+  // Descriptions read "[label: ]a | b | c [(note)] ..."; the listed names are the identifiers
+  // next to a '|', parentheticals removed. They must equal recipe_choices()'s values.
+  std::map<std::string, std::string> docs;
+  for (const auto& row : config::to_rows(config::DpoConfig{})) docs[row.path] = row.doc;
+  for (const auto& c : config::recipe_choices()) {
+    INFO(c.key);
+    REQUIRE(docs.count(c.key) == 1);
+    std::string doc = docs[c.key];
+    for (size_t a; (a = doc.find('(')) != std::string::npos;) {
+      doc.erase(a, doc.find(')', a) == std::string::npos ? std::string::npos : doc.find(')', a) - a + 1);
+    }
+    if (auto colon = doc.find(": "); colon != std::string::npos && colon < doc.find('|')) {
+      doc = doc.substr(colon + 2);
+    }
+    std::set<std::string> listed;
+    std::vector<std::string> words;
+    std::string w;
+    for (char ch : doc + " ") {
+      if (std::isalnum(static_cast<unsigned char>(ch)) || ch == '_') {
+        w += ch;
+      } else {
+        if (!w.empty()) words.push_back(w);
+        w.clear();
+        if (ch == '|') words.push_back("|");
+      }
+    }
+    for (size_t i = 0; i < words.size(); ++i) {
+      const bool next_to_bar = (i > 0 && words[i - 1] == "|") || (i + 1 < words.size() && words[i + 1] == "|");
+      if (words[i] != "|" && (next_to_bar || c.values.size() == 1)) listed.insert(words[i]);
+    }
+    if (c.values.size() == 1) listed = {words.empty() ? "" : words[0]};
+    CHECK(listed == std::set<std::string>(c.values.begin(), c.values.end()));
+  }
+  // The scheduler's formulas accept exactly the validated names.
+  for (const auto& c : config::recipe_choices()) {
+    if (c.key != "scheduler.name") continue;
+    for (const auto& name : c.values) CHECK_NOTHROW(train::lr_multiplier(name, 5, 2, 10, 0.0));
+  }
+  CHECK_THROWS(train::lr_multiplier("step", 5, 2, 10, 0.0));
 }
 
 TEST_CASE("Checkpointer: atomic folders, one save per step, tokenizer from memory, pruning",

@@ -7,16 +7,36 @@
 
 namespace mmpost::config {
 namespace {
-void check_one_of(const std::string& path, const std::string& value,
-                  const std::vector<std::string>& valid) {
-  if (std::find(valid.begin(), valid.end(), value) != valid.end()) return;
-  std::string list;
-  for (const auto& v : valid) list += (list.empty() ? "" : ", ") + v;
-  throw Error(ErrorKind::kUsage, path + ": \"" + value + "\" is not valid", "valid values: " + list);
+/// Throws Error(kUsage) naming `path` unless `value` is one of recipe_choices()'s values for it.
+void check_one_of(const std::string& path, const std::string& value) {
+  for (const auto& c : recipe_choices()) {
+    if (c.key != path) continue;
+    if (std::find(c.values.begin(), c.values.end(), value) != c.values.end()) return;
+    std::string list;
+    for (const auto& v : c.values) list += (list.empty() ? "" : ", ") + v;
+    throw Error(ErrorKind::kUsage, path + ": \"" + value + "\" is not valid", "valid values: " + list);
+  }
+  throw Error(ErrorKind::kRuntime, path + ": not in recipe_choices()");
 }
 
-
 }  // namespace
+
+const std::vector<Choice>& recipe_choices() {
+  static const std::vector<Choice> kChoices = {
+      {"model.freeze", {"vision_tower", "projector", "language_model"}},
+      {"data.chat_template", {"llava"}},
+      {"data.on_bad_sample", {"error", "skip"}},
+      {"data.image.resize_mode", {"shortest_edge_center_crop", "pad_to_square"}},
+      {"data.image.interpolation",
+       {"pil_bicubic", "pil_bilinear", "pil_lanczos", "bicubic", "bilinear", "area", "nearest"}},
+      {"scheduler.name", {"cosine", "linear", "constant"}},
+      {"dtype", {"auto", "float32", "bfloat16"}},
+      {"dist.backend", {"auto", "gloo", "nccl"}},
+      {"dpo.ref_dtype", {"float32", "bfloat16"}},
+      {"dpo.mdpo.corruption", {"crop", "mask", "noise"}},
+  };
+  return kChoices;
+}
 
 void CommonConfig::validate_common() const {
   MMPOST_CHECK_USAGE(!model.path.empty() || model.config.is_object(),
@@ -25,16 +45,13 @@ void CommonConfig::validate_common() const {
   MMPOST_CHECK_USAGE(!model.path.empty() || !model.tokenizer.empty(),
                      "model.tokenizer: required when model.path is empty");
   for (const auto& part : model.freeze) {
-    check_one_of("model.freeze", part, {"vision_tower", "projector", "language_model"});
+    check_one_of("model.freeze", part);
   }
   MMPOST_CHECK_USAGE(!data.train.empty(), "data.train: required (a JSONL file)");
-  check_one_of("data.chat_template", data.chat_template, {"llava"});
-  check_one_of("data.on_bad_sample", data.on_bad_sample, {"error", "skip"});
-  check_one_of("data.image.resize_mode", data.image.resize_mode,
-               {"shortest_edge_center_crop", "pad_to_square"});
-  check_one_of("data.image.interpolation", data.image.interpolation,
-               {"pil_bicubic", "pil_bilinear", "pil_lanczos", "bicubic", "bilinear", "area",
-                "nearest"});
+  check_one_of("data.chat_template", data.chat_template);
+  check_one_of("data.on_bad_sample", data.on_bad_sample);
+  check_one_of("data.image.resize_mode", data.image.resize_mode);
+  check_one_of("data.image.interpolation", data.image.interpolation);
   MMPOST_CHECK_USAGE(data.image.image_mean.size() == 3, "data.image.image_mean: expected 3 values");
   MMPOST_CHECK_USAGE(data.image.image_std.size() == 3, "data.image.image_std: expected 3 values");
   for (double s : data.image.image_std) {
@@ -50,7 +67,7 @@ void CommonConfig::validate_common() const {
                      "optim.betas: expected two values in [0, 1)");
   MMPOST_CHECK_USAGE(optim.weight_decay >= 0, "optim.weight_decay: must be >= 0");
   MMPOST_CHECK_USAGE(optim.eps > 0, "optim.eps: must be > 0");
-  check_one_of("scheduler.name", scheduler.name, {"cosine", "linear", "constant"});
+  check_one_of("scheduler.name", scheduler.name);
   MMPOST_CHECK_USAGE(scheduler.warmup_steps >= 0, "scheduler.warmup_steps: must be >= 0");
   MMPOST_CHECK_USAGE(scheduler.min_lr_ratio >= 0 && scheduler.min_lr_ratio <= 1,
                      "scheduler.min_lr_ratio: must be in [0, 1]");
@@ -67,8 +84,8 @@ void CommonConfig::validate_common() const {
   MMPOST_CHECK_USAGE(train.keep_last_n_checkpoints >= 1,
                      "train.keep_last_n_checkpoints: must be >= 1");
   MMPOST_CHECK_USAGE(num_threads >= 0, "num_threads: must be >= 0");
-  check_one_of("dtype", dtype, {"auto", "float32", "bfloat16"});
-  check_one_of("dist.backend", dist.backend, {"auto", "gloo", "nccl"});
+  check_one_of("dtype", dtype);
+  check_one_of("dist.backend", dist.backend);
   MMPOST_CHECK_USAGE(dist.timeout_s > 0, "dist.timeout_s: must be > 0");
   MMPOST_CHECK_USAGE(dist.bucket_mb > 0, "dist.bucket_mb: must be > 0");
 }
@@ -113,8 +130,8 @@ void DpoConfig::validate() const {
                      "dpo.ld_alpha: expected null or a number in [0, 1]");
   MMPOST_CHECK_USAGE(dpo.max_prompt_length >= 0 && dpo.max_completion_length >= 0,
                      "dpo.max_prompt_length / dpo.max_completion_length: must be >= 0");
-  if (!dpo.ref_dtype.empty()) check_one_of("dpo.ref_dtype", dpo.ref_dtype, {"float32", "bfloat16"});
-  check_one_of("dpo.mdpo.corruption", dpo.mdpo.corruption, {"crop", "mask", "noise"});
+  if (!dpo.ref_dtype.empty()) check_one_of("dpo.ref_dtype", dpo.ref_dtype);
+  check_one_of("dpo.mdpo.corruption", dpo.mdpo.corruption);
   MMPOST_CHECK_USAGE(dpo.mdpo.corruption_strength >= 0 &&
                          (dpo.mdpo.corruption == "noise" || dpo.mdpo.corruption_strength < 1),
                      "dpo.mdpo.corruption_strength: must be in [0, 1) for crop/mask, >= 0 for noise");

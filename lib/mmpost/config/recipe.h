@@ -141,6 +141,16 @@ struct DistSection {
   }
 };
 
+/// A recipe key that takes one of a fixed set of strings (the algo-owned ones, e.g.
+/// rlhf.loss_type, are parsed by their own name tables in algo/).
+struct Choice {
+  std::string key;                  // JSON path, e.g. "scheduler.name"
+  std::vector<std::string> values;  // the accepted strings
+};
+/// The one list of each string choice: validation reads it, and a unit test requires each key's
+/// --print-defaults description to list exactly these values.
+const std::vector<Choice>& recipe_choices();
+
 /// The fields every training stage's recipe shares (sft, dpo, rm, rlhf): one place for their
 /// defaults, descriptions and validation (validate_common).
 struct CommonConfig {
@@ -160,7 +170,7 @@ struct CommonConfig {
     v("output_dir", output_dir, "where checkpoints, metrics and the final model go");
     v("seed", seed, "seed for init, shuffling, sampling and augmentation");
     v("device", device, "auto | cpu | cuda | cuda:N");
-    v("dtype", dtype, "float32 | bfloat16 (parameters and compute)");
+    v("dtype", dtype, "auto | float32 | bfloat16 (parameters and compute; auto: bfloat16 on CUDA, float32 on CPU)");
     v("num_threads", num_threads, "CPU threads for torch (0: default)");
     v("model", model, "model source (a folder, or an inline config for random init)");
     v("data", data, "data and preprocessing");
