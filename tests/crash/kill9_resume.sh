@@ -13,7 +13,7 @@ cd "$ROOT"
 BIN=${MMPOST_BIN:-$ROOT/build/mmpost}
 N=${N:-20}
 SEED=${SEED:-$(( $(date +%s) % 100000 ))}
-STEPS=${STEPS:-200}
+STEPS=${STEPS:-}  # default: sized to this machine's speed (below)
 RANDOM=$SEED
 work=$(mktemp -d /tmp/mmpost-kill9.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -21,9 +21,19 @@ log() { echo "[kill9 $(date +%H:%M:%S)] $*" >&2; }
 fail() { log "FAIL: $*"; echo "kill -9 resume: 0 passed, 1 failed"; trap - EXIT; log "kept $work"; exit 1; }
 [ -x "$BIN" ] || fail "$BIN not built (bash scripts/setup.sh)"
 
-args=(sft -r recipes/tiny/sft-tiny.json --set data.eval= --set "train.max_steps=$STEPS"
-      --set train.save_every_n_steps=1 --set train.keep_last_n_checkpoints=2
-      --set train.log_every_n_steps=1 --set num_threads=1)
+base=(sft -r recipes/tiny/sft-tiny.json --set data.eval= --set train.save_every_n_steps=1
+      --set train.keep_last_n_checkpoints=2 --set train.log_every_n_steps=1 --set num_threads=1)
+if [ -z "$STEPS" ]; then
+  # The kills are spread over N x ~0.8 s of wall time; the run must outlast them on a fast, idle
+  # machine as well as on a busy one: 3x the steps this machine does in that time (at least 200).
+  t0=$(date +%s%N)
+  "$BIN" "${base[@]}" --set train.max_steps=50 --output "$work/calibrate" > /dev/null 2>&1 ||
+    fail "calibration run failed"
+  ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+  STEPS=$(awk -v ms="$ms" -v n="$N" 'BEGIN { s = int(3 * n * 800 * 50 / (ms > 1 ? ms : 1)); print (s < 200 ? 200 : s) }')
+  rm -rf "$work/calibrate"
+fi
+args=("${base[@]}" --set "train.max_steps=$STEPS")
 log "seed $SEED, $N kills, $STEPS steps, checkpoint every step"
 "$BIN" "${args[@]}" --output "$work/straight" > /dev/null 2> "$work/straight.log" ||
   fail "the uninterrupted run failed: $(tail -3 "$work/straight.log")"
