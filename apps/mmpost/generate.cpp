@@ -216,54 +216,54 @@ int run_generate(GenerateArgs a) {
     if (prompts->empty() && !sharded) continue;
     std::string lines;
     if (!prompts->empty()) {
-    std::vector<data::SftSample> samples;
-    std::vector<int64_t> image_counts;
-    for (const auto& q : *prompts) {
-      samples.push_back(q.sample);
-      image_counts.push_back(q.sample.pixel_values.defined() ? q.sample.pixel_values.size(0) : 0);
-    }
-    auto batch = data::collate_prompts(samples, gen.pad_token_id).to(device, dtype);
-    auto rep = model::repeat_interleave_batch(batch.input_ids, batch.attention_mask,
-                                              batch.pixel_values, image_counts, G);  // [B*G, T]
-    // One seed per completion, from (seed, prompt line, sample) only: reruns with the same flags
-    // repeat, whatever the batch size or the number of ranks.
-    gen.row_seeds.clear();
-    for (const auto& q : *prompts) {
-      for (int64_t g = 0; g < G; ++g) {
-        gen.row_seeds.push_back(data::sample_seed(static_cast<uint64_t>(a.seed), q.sample.line, g));
+      std::vector<data::SftSample> samples;
+      std::vector<int64_t> image_counts;
+      for (const auto& q : *prompts) {
+        samples.push_back(q.sample);
+        image_counts.push_back(q.sample.pixel_values.defined() ? q.sample.pixel_values.size(0) : 0);
       }
-    }
-    auto out = model::generate(p.model, rep.input_ids, rep.attention_mask, rep.pixel_values, gen);
-    auto seqs_t = out.sequences.cpu();
-    auto lens_t = out.lengths.cpu();
-    auto reason_t = out.finish_reason.cpu();
-    auto logp_sum_t = out.logps.sum(/*dim=*/1).to(torch::kCPU, torch::kFloat64);  // [B*G]
-    auto seqs = seqs_t.accessor<int64_t, 2>();
+      auto batch = data::collate_prompts(samples, gen.pad_token_id).to(device, dtype);
+      auto rep = model::repeat_interleave_batch(batch.input_ids, batch.attention_mask,
+                                                batch.pixel_values, image_counts, G);  // [B*G, T]
+      // One seed per completion, from (seed, prompt line, sample) only: reruns with the same flags
+      // repeat, whatever the batch size or the number of ranks.
+      gen.row_seeds.clear();
+      for (const auto& q : *prompts) {
+        for (int64_t g = 0; g < G; ++g) {
+          gen.row_seeds.push_back(data::sample_seed(static_cast<uint64_t>(a.seed), q.sample.line, g));
+        }
+      }
+      auto out = model::generate(p.model, rep.input_ids, rep.attention_mask, rep.pixel_values, gen);
+      auto seqs_t = out.sequences.cpu();
+      auto lens_t = out.lengths.cpu();
+      auto reason_t = out.finish_reason.cpu();
+      auto logp_sum_t = out.logps.sum(/*dim=*/1).to(torch::kCPU, torch::kFloat64);  // [B*G]
+      auto seqs = seqs_t.accessor<int64_t, 2>();
 
-    for (size_t i = 0; i < prompts->size(); ++i) {
-      const auto& q = (*prompts)[i];
-      const std::string prompt_text =
-          data::render_conversation(q.sample.messages, tokenizer, render_opts);
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t r = static_cast<int64_t>(i) * G + g;
-        const int64_t len = lens_t[r].item<int64_t>();
-        std::vector<int64_t> ids(&seqs[r][0], &seqs[r][0] + len);
-        nlohmann::json j = {
-            {"id", q.sample.id},
-            {"sample", g},
-            {"prompt", prompt_text},
-            {"completion", tokenizer.decode(ids)},
-            {"tokens", ids},
-            {"n_tokens", len},
-            {"logps", logp_sum_t[r].item<double>()},
-            {"finish_reason", model::finish_reason_name(
-                                  static_cast<model::FinishReason>(reason_t[r].item<int64_t>()))}};
-        if (q.has_reference) j["reference"] = q.sample.reference;
-        // A cut-off completion can end inside a UTF-8 sequence: replace, don't throw.
-        lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-        n_tokens += len;
+      for (size_t i = 0; i < prompts->size(); ++i) {
+        const auto& q = (*prompts)[i];
+        const std::string prompt_text =
+            data::render_conversation(q.sample.messages, tokenizer, render_opts);
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t r = static_cast<int64_t>(i) * G + g;
+          const int64_t len = lens_t[r].item<int64_t>();
+          std::vector<int64_t> ids(&seqs[r][0], &seqs[r][0] + len);
+          nlohmann::json j = {
+              {"id", q.sample.id},
+              {"sample", g},
+              {"prompt", prompt_text},
+              {"completion", tokenizer.decode(ids)},
+              {"tokens", ids},
+              {"n_tokens", len},
+              {"logps", logp_sum_t[r].item<double>()},
+              {"finish_reason", model::finish_reason_name(
+                                    static_cast<model::FinishReason>(reason_t[r].item<int64_t>()))}};
+          if (q.has_reference) j["reference"] = q.sample.reference;
+          // A cut-off completion can end inside a UTF-8 sequence: replace, don't throw.
+          lines += j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+          n_tokens += len;
+        }
       }
-    }
     }  // this rank's prompts of the window
     const auto n_local = static_cast<int64_t>(prompts->size());
     n_prompts += n_local;

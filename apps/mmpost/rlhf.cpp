@@ -67,12 +67,14 @@ GlobalGroups gather_groups(const train::Run& run, const std::vector<int64_t>& po
                            const std::vector<int64_t>& pool_index, const Tensor& rewards,
                            const Tensor& passed, int64_t G) {
   std::vector<double> mine;  // per prompt: position, pool index, G rewards, G passed
-  auto rw = rewards.to(torch::kFloat64).contiguous(), ps = passed.to(torch::kFloat64).contiguous();
+  auto rw_t = rewards.to(torch::kFloat64).contiguous(), ps_t = passed.to(torch::kFloat64).contiguous();
+  auto rw = rw_t.accessor<double, 1>(), ps = ps_t.accessor<double, 1>();
   for (size_t j = 0; j < positions.size(); ++j) {
+    const auto row0 = static_cast<int64_t>(j) * G;
     mine.push_back(static_cast<double>(positions[j]));
     mine.push_back(static_cast<double>(pool_index[j]));
-    for (int64_t g = 0; g < G; ++g) mine.push_back(rw[j * G + g].item<double>());
-    for (int64_t g = 0; g < G; ++g) mine.push_back(ps[j * G + g].item<double>());
+    for (int64_t g = 0; g < G; ++g) mine.push_back(rw[row0 + g]);
+    for (int64_t g = 0; g < G; ++g) mine.push_back(ps[row0 + g]);
   }
   std::vector<std::vector<double>> parts{mine};
   if (auto* pg = run.process_group()) parts = pg->all_gather_object(mine);

@@ -204,7 +204,6 @@ ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
     rows.clear();
     for (const auto& part : parts) rows.insert(rows.end(), part.begin(), part.end());
   }
-  std::vector<int64_t> lines;
   for (size_t i = 0; i < rows.size(); i += 5) {
     const auto line = static_cast<int64_t>(rows[i]);
     cache.by_line[line] = {static_cast<float>(rows[i + 1]), static_cast<float>(rows[i + 2]),
@@ -212,6 +211,7 @@ ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
   }
   MMPOST_CHECK_DATA(!cache.by_line.empty(), path, ": no preference pairs to score");
   if (rank == 0) {  // in line order, whatever the world size
+    std::vector<int64_t> lines;
     std::vector<float> cols[4];
     for (const auto& [line, v] : cache.by_line) {
       lines.push_back(line);
@@ -227,8 +227,7 @@ ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
                           {"rejected_tail", col(3)}},
                          {{"format", "pt"}, {"key", key}});
   }
-  lines.resize(cache.by_line.size());
-  log_info("dpo: reference log-probs of " + std::to_string(lines.size()) + " pairs written to " +
+  log_info("dpo: reference log-probs of " + std::to_string(cache.by_line.size()) + " pairs written to " +
            cache_file.string() + " (" + std::to_string(loader->n_skipped()) + " skipped)");
   return cache;
 }
