@@ -212,6 +212,7 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     auto o = eval_opts;
     o.max_samples = cfg.train.eval_max_samples;
     o.show_progress = false;
+    o.pg = run.process_group();  // each rank scores its share
     model::Vlm* ref = reference ? &reference : nullptr;
     const train::ReferenceLogpsCache* cache = eval_ref_cache ? &*eval_ref_cache : nullptr;
     auto r = train::evaluate_preferences(model, ref, ctx, cfg.data.eval, o, device, dtype, cache);
@@ -303,7 +304,7 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     train::add_step_stats(window, st);
 
     if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
-      auto m = window.flush("pairs");
+      auto m = run.flush(window, "pairs");
       m["lr"] = st.lr;
       m["epoch"] = loader.cursor().epoch;
       m["skipped"] = loader.n_skipped();

@@ -53,7 +53,7 @@ bool is_preference_file(const std::string& path) {
 
 /// Reward accuracy / margins of the policy vs a reference on preference pairs.
 int run_preference_eval(const EvalArgs& a, hub::Pretrained& p, data::SampleContext& ctx,
-                        const torch::Device& device, torch::Dtype dtype) {
+                        const torch::Device& device, torch::Dtype dtype, dist::ProcessGroup* pg) {
   MMPOST_CHECK_USAGE(a.beta > 0, "--beta: must be > 0, got ", a.beta);
   MMPOST_CHECK_USAGE(a.rewards.empty(), "--reward applies to prompt data; ", a.data,
                      " holds preference pairs");
@@ -70,6 +70,7 @@ int run_preference_eval(const EvalArgs& a, hub::Pretrained& p, data::SampleConte
   o.num_workers = a.num_workers;
   o.skip_bad = a.on_bad_sample == "skip";
   o.limits.max_length = a.max_length;
+  o.pg = pg;  // torchrun / srun: each rank scores its share, every rank gets the sums
   log_info("eval: preference pairs in " + io::display_name(a.data) + "; policy " + a.model_dir + ", reference " +
            (a.ref_model.empty() ? std::string("none (reference-free)") : a.ref_model));
   auto start = std::chrono::steady_clock::now();
@@ -92,7 +93,7 @@ int run_preference_eval(const EvalArgs& a, hub::Pretrained& p, data::SampleConte
                            {"model", a.model_dir},
                            {"ref_model", a.ref_model.empty() ? nlohmann::json() : nlohmann::json(a.ref_model)},
                            {"data", io::display_name(a.data)}};
-  std::cout << result.dump() << std::endl;
+  if (pg == nullptr || pg->rank() == 0) std::cout << result.dump() << std::endl;
   return 0;
 }
 
@@ -127,9 +128,7 @@ int run_eval(EvalArgs a) {
   ctx.image = p.image;
   ctx.max_length = a.max_length;
   if (is_preference_file(a.data)) {
-    MMPOST_CHECK_USAGE(dp.world.world_size == 1, "eval: preference data is evaluated by one "
-                       "process (launched as ", dp.world.world_size, ")");
-    return run_preference_eval(a, p, ctx, device, dtype);
+    return run_preference_eval(a, p, ctx, device, dtype, dp.pg.get());
   }
   MMPOST_CHECK_USAGE(a.ref_model.empty(), "--ref-model applies to preference data; ", a.data,
                      " holds no \"chosen\"/\"rejected\" pairs");

@@ -151,15 +151,11 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   const algo::RlAlgorithm algorithm = choices.algorithm;
   const bool ppo = algorithm == algo::RlAlgorithm::kPpo;
   const algo::ScaleRewards scale_rewards = choices.scale_rewards;
-  // Data parallel: rollouts are sharded by prompt (a group never straddles ranks) and the
-  // sequence-level advantages are computed on the gathered rewards of all ranks; the token-level
-  // estimators whiten over the whole batch's tokens, which is not gathered yet.
-  MMPOST_CHECK_USAGE(world == 1 || algorithm == algo::RlAlgorithm::kGrpo ||
-                         algorithm == algo::RlAlgorithm::kRloo,
-                     "rlhf.algorithm: ", rl.algorithm, " is not data-parallel yet (launched as ",
-                     world, " processes)",
-                     "\n  hint: grpo and rloo train on several ranks; run one process for ppo, "
-                     "reinforce_pp and reinforce_pp_baseline");
+  // Data parallel: rollouts are sharded by prompt (a group never straddles ranks); the
+  // sequence-level advantages are computed on the gathered rewards of all ranks, and the
+  // token-level estimators whiten with statistics summed over every rank's tokens (batch_sum).
+  algo::BatchSum batch_sum;
+  if (world > 1) batch_sum = [&run](std::vector<double> v) { return run.all_sum(std::move(v)); };
   const int64_t G = rl.num_generations;
   auto specs = algo::parse_reward_specs(rl.rewards, "rlhf.rewards");
   algo::PolicyLossConfig pcfg;
@@ -409,16 +405,16 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
             algo::rloo_advantages(global_rewards_dev, G).advantages.index_select(0, local_rows);
         break;
       case algo::RlAlgorithm::kReinforcePpBaseline:
-        r.advantages = algo::reinforce_pp_baseline_advantages(rewards_dev, G, r.mask);
+        r.advantages = algo::reinforce_pp_baseline_advantages(rewards_dev, G, r.mask, batch_sum);
         break;
       case algo::RlAlgorithm::kReinforcePp:
-        r.advantages = algo::reinforce_pp_advantages(token_rewards(), r.mask, rl.gamma).first;
+        r.advantages = algo::reinforce_pp_advantages(token_rewards(), r.mask, rl.gamma, batch_sum).first;
         break;
       case algo::RlAlgorithm::kPpo: {
         auto fwd = train::completion_forward(model, r, 0, r.P);
         r.old_values = value_head(fwd.hidden).squeeze(-1).to(torch::kFloat32) * r.mask;
         auto [adv, returns] = algo::gae(token_rewards(), r.old_values, r.mask, rl.gamma, rl.lam);
-        r.advantages = rl.whiten_advantages ? algo::masked_whiten(adv, r.mask) * r.mask : adv;
+        r.advantages = rl.whiten_advantages ? algo::masked_whiten(adv, r.mask, true, batch_sum) * r.mask : adv;
         r.returns = returns;
         break;
       }
@@ -549,7 +545,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
 
     if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
       auto now = std::chrono::steady_clock::now();
-      auto m = window.flush("prompts");
+      auto m = run.flush(window, "prompts");
       m["lr"] = lr;
       m["curriculum/stage"] = curriculum.current_stage();
       for (const auto& [d, rate] : curriculum.pass_rates()) {

@@ -19,6 +19,7 @@
 #include "mmpost/core/signals.h"
 #include "mmpost/data/loader.h"
 #include "mmpost/data/preference_dataset.h"
+#include "mmpost/dist/process_group.h"
 #include "mmpost/hub/reward_model_folder.h"
 #include "mmpost/io/checkpoint.h"
 #include "mmpost/io/jsonl.h"
@@ -83,7 +84,9 @@ torch::Tensor pair_rewards(model::RewardModel& rm, const data::PreferenceBatch& 
   return rm->forward_features(b.input_ids, row_features, b.attention_mask);
 }
 
-/// Pairwise accuracy and reward statistics on a preference JSONL, in file order, no grad.
+/// Pairwise accuracy and reward statistics on a preference JSONL, in file order, no grad: the
+/// first train.eval_max_samples records (0: all). With `pg` each rank scores its share and the
+/// sums are all-reduced (every rank returns the one-process numbers; throws dist::DistError).
 struct RmEvalResult {
   int64_t n = 0, n_skipped = 0;
   double loss = 0, accuracy = 0, margin = 0, reward_chosen = 0, reward_rejected = 0;
@@ -91,7 +94,8 @@ struct RmEvalResult {
 
 RmEvalResult evaluate_rm(model::RewardModel& rm, data::SampleContext ctx, const std::string& path,
                          const data::PreferenceLimits& limits, const config::RmConfig& cfg,
-                         int64_t pad_id, const torch::Device& device, torch::Dtype dtype) {
+                         int64_t pad_id, const torch::Device& device, torch::Dtype dtype,
+                         dist::ProcessGroup* pg) {
   ctx.source = path;
   ctx.base_dir = fs::path(path).parent_path();
   ctx.random_shift = 0;
@@ -100,40 +104,45 @@ RmEvalResult evaluate_rm(model::RewardModel& rm, data::SampleContext ctx, const 
   lo.batch_size = cfg.train.batch_size;
   lo.num_workers = cfg.data.num_workers;
   lo.skip_bad = cfg.data.on_bad_sample == "skip";
+  lo.max_records = cfg.train.eval_max_samples;  // the first N records (0: all)
+  if (pg != nullptr) {  // each rank scores positions p % world == rank; the sums are all-reduced
+    lo.rank = pg->rank();
+    lo.world_size = pg->world_size();
+  }
   data::StreamingLoader<RmSample> loader(lo, [&](const nlohmann::json& rec, int64_t line) {
     return make_rm_sample(rec, line, ctx, limits);
   });
-  const int64_t max_n = cfg.train.eval_max_samples;
   const bool was_training = rm->is_training();
   rm->eval();
   torch::NoGradGuard no_grad;
-  RmEvalResult r;
-  while (max_n <= 0 || r.n < max_n) {
-    auto samples = loader.next_batch();
-    if (!samples) break;
-    if (samples->empty()) continue;  // a window whose records were all skipped
-    if (max_n > 0 && r.n + static_cast<int64_t>(samples->size()) > max_n) {
-      samples->resize(max_n - r.n);
-    }
+  std::vector<double> sums(6, 0.0);  // n, loss * B, correct, margin, rewards chosen, rejected
+  while (auto samples = loader.next_batch()) {
+    if (samples->empty()) continue;  // a window whose records were all skipped (or another rank's)
     auto rb = collate_rm(*samples, pad_id, device, dtype);
     const int64_t B = rb.b.batch_size;
     auto rewards = pair_rewards(rm, rb.b).to(torch::kFloat64).cpu();
     auto rc = rewards.narrow(0, 0, B), rr = rewards.narrow(0, B, B);
     auto margin = rb.margin.defined() ? rb.margin.cpu() : torch::Tensor();
-    r.loss += algo::bradley_terry_loss(rc, rr, margin, cfg.rm.center_rewards_coefficient)
-                  .loss.item<double>() * B;
-    r.accuracy += (rc > rr).sum().item<double>();
-    r.margin += (rc - rr).sum().item<double>();
-    r.reward_chosen += rc.sum().item<double>();
-    r.reward_rejected += rr.sum().item<double>();
-    r.n += B;
+    sums[0] += static_cast<double>(B);
+    sums[1] += algo::bradley_terry_loss(rc, rr, margin, cfg.rm.center_rewards_coefficient)
+                   .loss.item<double>() * B;
+    sums[2] += (rc > rr).sum().item<double>();
+    sums[3] += (rc - rr).sum().item<double>();
+    sums[4] += rc.sum().item<double>();
+    sums[5] += rr.sum().item<double>();
   }
   if (was_training) rm->train();
-  r.n_skipped = loader.n_skipped();
+  sums.push_back(static_cast<double>(loader.n_skipped()));
+  sums = dist::sum_over_ranks(pg, std::move(sums));
+  RmEvalResult r;
+  r.n = static_cast<int64_t>(sums[0]);
+  r.n_skipped = static_cast<int64_t>(sums[6]);
   if (r.n > 0) {
-    for (double* v : {&r.loss, &r.accuracy, &r.margin, &r.reward_chosen, &r.reward_rejected}) {
-      *v /= static_cast<double>(r.n);
-    }
+    r.loss = sums[1] / sums[0];
+    r.accuracy = sums[2] / sums[0];
+    r.margin = sums[3] / sums[0];
+    r.reward_chosen = sums[4] / sums[0];
+    r.reward_rejected = sums[5] / sums[0];
   }
   return r;
 }
@@ -209,7 +218,8 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
   };
   auto run_eval = [&] {
     if (cfg.data.eval.empty()) return;
-    auto r = evaluate_rm(rm, ctx, cfg.data.eval, limits, cfg, pad_id, device, dtype);
+    auto r = evaluate_rm(rm, ctx, cfg.data.eval, limits, cfg, pad_id, device, dtype,
+                         run.process_group());
     run.log_eval({{"eval/loss", r.loss},
                   {"eval/accuracy", r.accuracy},
                   {"eval/rewards/margins", r.margin},
@@ -266,7 +276,7 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
     train::add_step_stats(window, st);
 
     if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
-      auto m = window.flush("pairs");
+      auto m = run.flush(window, "pairs");
       m["lr"] = st.lr;
       m["epoch"] = loader.cursor().epoch;
       m["skipped"] = loader.n_skipped();

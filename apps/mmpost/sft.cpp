@@ -134,7 +134,7 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
     train::add_step_stats(window, st);
 
     if (state.step % cfg.train.log_every_n_steps == 0 || state.step == total_steps) {
-      auto m = window.flush("samples");
+      auto m = run.flush(window, "samples");
       m["lr"] = st.lr;
       m["epoch"] = loader.cursor().epoch;
       m["skipped"] = loader.n_skipped();

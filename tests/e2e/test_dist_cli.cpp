@@ -19,6 +19,7 @@
 #include "catch.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/io/safetensors.h"
+#include "mmpost/train/checkpointing.h"
 #include "e2e_util.h"
 #include "test_util.h"
 
@@ -130,17 +131,29 @@ double max_weight_diff(const fs::path& a, const fs::path& b) {
   return m;
 }
 
-/// Per-step losses agree within 1e-5 (relative) and the final weights within 1e-5, and the
-/// weights moved (so the comparison can fail).
+/// The last eval row (one with "eval/n") of a metrics.jsonl; REQUIREs one.
+nlohmann::json last_eval_row(const fs::path& file) {
+  mmpost::io::JsonlReader in(file);
+  mmpost::io::JsonlRecord rec;
+  nlohmann::json last;
+  while (in.next(rec)) {
+    if (rec.error.empty() && rec.value.contains("eval/n")) last = rec.value;
+  }
+  REQUIRE(last.is_object());
+  return last;
+}
+
+/// Per-step losses agree within 1e-5 (relative; absolute `loss_margin` near 0) and the final
+/// weights within 1e-5, and the weights moved (so the comparison can fail).
 void check_same_run(const fs::path& one, const fs::path& many, const std::string& weights,
-                    size_t steps, const fs::path& start = {}) {
+                    size_t steps, const fs::path& start = {}, double loss_margin = 1e-7) {
   auto a = train_rows(one / "metrics.jsonl"), b = train_rows(many / "metrics.jsonl");
   REQUIRE(a.size() == steps);
   REQUIRE(b.size() == steps);
   for (size_t i = 0; i < steps; ++i) {
     INFO("step " << a[i]["step"]);
     CHECK(b[i]["step"] == a[i]["step"]);
-    CHECK(b[i]["loss"].get<double>() == Approx(a[i]["loss"].get<double>()).epsilon(1e-5).margin(1e-7));
+    CHECK(b[i]["loss"].get<double>() == Approx(a[i]["loss"].get<double>()).epsilon(1e-5).margin(loss_margin));
     CHECK(b[i]["grad_norm"].get<double>() ==
           Approx(a[i]["grad_norm"].get<double>()).epsilon(1e-4).margin(1e-6));
   }
@@ -236,11 +249,13 @@ TEST_CASE("dist dpo and rm: 2 and 3 ranks with batch B equal one process with ba
   TempDir dir("dist_pref");
   auto start = tiny_model(dir.path);
   auto prefs = write_prefs(dir.path, 40);
+  fs::create_directories(dir.path / "eval");
+  auto eval_prefs = write_prefs(dir.path / "eval", 11);  // 11 pairs: uneven on 2 and 3 ranks
   for (const std::string stage : {"dpo", "rm"}) {
     DYNAMIC_SECTION(stage) {
       const std::string args = stage + " -r recipes/tiny/" + stage + "-tiny.json --set model.path=" +
                                start.string() + " --set data.train=" + prefs.string() +
-                               " --set data.eval= --set train.max_steps=5"
+                               " --set data.eval=" + eval_prefs.string() + " --set train.max_steps=5"
                                " --set train.log_every_n_steps=1 --set dist.timeout_s=60 " + kLr;
       auto r = run_cli(args + " --set train.batch_size=6 --output " + (dir.path / (stage + "1")).string(),
                        dir.path / ("log_" + stage + "1"));
@@ -252,6 +267,17 @@ TEST_CASE("dist dpo and rm: 2 and 3 ranks with batch B equal one process with ba
                          (dir.path / name).string(),
                      n, dir.path / ("log_" + name));
         check_same_run(dir.path / (stage + "1"), dir.path / name, "model.safetensors", 5, start);
+        // The final eval is sharded over the ranks and summed: every pair once, one-process numbers.
+        auto e1 = last_eval_row(dir.path / (stage + "1/metrics.jsonl"));
+        auto en = last_eval_row(dir.path / name / "metrics.jsonl");
+        CHECK(e1["eval/n"] == 11);
+        CHECK(en["eval/n"] == 11);
+        for (const char* k : {"eval/rewards/margins", "eval/rewards/chosen", "eval/rewards/rejected"}) {
+          INFO(k);
+          CHECK(en[k].get<double>() == Approx(e1[k].get<double>()).epsilon(1e-4).margin(1e-6));
+        }
+        const char* acc = stage == "rm" ? "eval/accuracy" : "eval/rewards/accuracies";
+        CHECK(en[acc].get<double>() == Approx(e1[acc].get<double>()).margin(1e-12));
         if (stage == "rm") {
           CHECK(max_weight_diff(dir.path / "rm1/reward_head.safetensors",
                                 dir.path / name / "reward_head.safetensors") < 1e-5);
@@ -314,15 +340,39 @@ TEST_CASE("dist rlhf grpo: 2 and 3 ranks with B prompts equal one process with N
       }
     }
   }
-  // Token-level estimators are refused on several ranks, naming the key.
-  auto ranks = spawn_ranks("rlhf -r recipes/tiny/grpo-tiny.json --set model.path=" + start.string() +
-                               " --set data.train=" + prompts.string() +
-                               " --set rlhf.algorithm=ppo --set rlhf.num_generations=2"
-                               " --set dist.timeout_s=20 --output " + (dir.path / "ppo").string(),
-                           2, dir.path / "lppo");
-  auto codes = wait_ranks(ranks, 120);
-  CHECK(codes[0] == 2);
-  CHECK_THAT(rank_err(ranks, 0), HasSubstr("rlhf.algorithm: ppo is not data-parallel yet"));
+  // Token-level estimators whiten over the tokens of every rank (two all-reduced moments): PPO
+  // (GAE + value head), REINFORCE++ and its group baseline, 2 ranks x 3 prompts == 1 x 6.
+  for (const std::string algorithm : {"ppo", "reinforce_pp", "reinforce_pp_baseline"}) {
+    DYNAMIC_SECTION("algorithm " << algorithm) {
+      const std::string args = "rlhf -r recipes/tiny/grpo-tiny.json --set model.path=" +
+                               start.string() + " --set data.train=" + prompts.string() +
+                               " --set train.max_steps=5 --set train.log_every_n_steps=1"
+                               " --set rlhf.num_generations=4 --set rlhf.algorithm=" + algorithm +
+                               " --set rlhf.beta=0.04 --set dist.timeout_s=60 " + kLr;
+      auto r = run_cli(args + " --set train.batch_size=6 --output " + (dir.path / (algorithm + "1")).string(),
+                       dir.path / ("l1" + algorithm));
+      INFO(r.err);
+      REQUIRE(r.code == 0);
+      run_ranks_ok(args + " --set train.batch_size=3 --output " + (dir.path / (algorithm + "2")).string(),
+                   2, dir.path / ("l2" + algorithm));
+      auto a = train_rows(dir.path / (algorithm + "1/metrics.jsonl"));
+      auto b = train_rows(dir.path / (algorithm + "2/metrics.jsonl"));
+      REQUIRE(a.size() == 5);
+      REQUIRE(b.size() == 5);
+      for (size_t i = 0; i < 5; ++i) {
+        CHECK(b[i]["reward"].get<double>() == Approx(a[i]["reward"].get<double>()).margin(1e-9));
+      }
+      // Whitened advantages sum to zero over the batch, so at ratio 1 the policy loss is a sum of
+      // ~100 O(1) float32 terms that cancels to ~1e-4: its absolute rounding (~1e-7 per term
+      // order) is what the margin allows; grad_norm and the weights are compared as for grpo.
+      check_same_run(dir.path / (algorithm + "1"), dir.path / (algorithm + "2"), "model.safetensors", 5,
+                     start, /*loss_margin=*/2e-6);
+      if (algorithm == "ppo") {  // the value head trains data-parallel too
+        CHECK(max_weight_diff(dir.path / "ppo1" / mmpost::train::kValueHeadFile,
+                              dir.path / "ppo2" / mmpost::train::kValueHeadFile) < 1e-5);
+      }
+    }
+  }
 }
 
 TEST_CASE("dist dpo: precomputed reference log-probs are scored in shards and equal one process's",
@@ -460,6 +510,32 @@ TEST_CASE("dist eval and generate: shards on 3 ranks, rank 0 writes everything i
   CHECK(s3["n"] == 25);
   CHECK(s3["n_correct"] == s1["n_correct"]);
   CHECK(read_all(dir.path / "e3" / "stdout1.txt").empty());
+  // eval on preference pairs (policy vs reference): 3 ranks score their shares of 13 pairs and
+  // sum; rank 0 prints the one-process summary.
+  auto pairs = write_prefs(dir.path, 13);
+  // the reference is the start model; the policy one more SFT step away, so rewards are non-zero
+  auto moved = run_cli("sft -r recipes/tiny/sft-tiny.json --set data.eval= --set train.max_steps=2"
+                       " --output " + (dir.path / "moved").string(), dir.path / "moved_log");
+  REQUIRE(moved.code == 0);
+  const std::string peval_moved = "eval --model " + (dir.path / "moved").string() + " --ref-model " +
+                                  model.string() + " --data " + pairs.string() +
+                                  " --batch-size 2 --dist-timeout 60";
+  auto p1 = run_cli(peval_moved, dir.path / "p1");
+  INFO(p1.err);
+  REQUIRE(p1.code == 0);
+  run_ranks_ok(peval_moved, 3, dir.path / "p3");
+  auto q1 = nlohmann::json::parse(p1.out.substr(0, p1.out.find('\n')));
+  auto q3 = nlohmann::json::parse(read_all(dir.path / "p3" / "stdout0.txt"));
+  CHECK(q1["n"] == 13);
+  CHECK(q3["n"] == 13);
+  CHECK(std::abs(q1["rewards/margins"].get<double>()) > 1e-4);  // the comparison can fail
+  for (const char* k : {"rewards/margins", "rewards/chosen", "rewards/rejected", "logps/chosen",
+                        "logps/rejected"}) {
+    INFO(k);
+    CHECK(q3[k].get<double>() == Approx(q1[k].get<double>()).epsilon(1e-4).margin(1e-6));
+  }
+  CHECK(q3["rewards/accuracies"].get<double>() == Approx(q1["rewards/accuracies"].get<double>()).margin(1e-12));
+  CHECK(read_all(dir.path / "p3" / "stdout1.txt").empty());
   // generate: sampled completions are seeded per (line, sample), so 3 ranks print exactly what
   // one process prints, in input order.
   const std::string gen = "generate --model " + model.string() + " --data " + data +

@@ -17,6 +17,12 @@
 #   2. pre-timeout (skip with SLURM_TEST_PRETIMEOUT=0): a longer job submitted from inside the
 #      clone with --time=1 --signal=B:USR1@55 must checkpoint on USR1, requeue itself, resume and
 #      finish COMPLETED with exit 0 (Slurm checks time limits every 30 s, so this takes ~1 min).
+#   3. srun (skip with SLURM_TEST_SRUN=0): multinode.sbatch with 2 tasks gives the losses of one
+#      process with the 2x batch; rank 0 alone prints the summary.
+#   4. preempted srun job (with 3): a 2-task multinode.sbatch job is requeued with `scontrol
+#      requeue` once it has a checkpoint; both ranks stop at one step, rank 0 checkpoints, the job
+#      restarts on 2 ranks, resumes, finishes COMPLETED, and its weights are byte-identical to an
+#      uninterrupted 2-rank run launched directly (torchrun-style environment).
 # Every wait is bounded; on failure the daemon and job logs are printed and the exit status is 1.
 # KEEP=1 keeps the temp dir and run folders. The last line is "slurm preemption: N passed, M failed"
 # or "SKIPPED: reason".
@@ -311,37 +317,50 @@ check() {  # check DESCRIPTION COMMAND...: records a failed expectation
   BAD=1
 }
 in_log() { grep -qF -- "$2" "$1"; }
+verdict() {  # verdict NAME WHAT LOG...: counts the test (from BAD); on failure prints the logs
+  local name=$1 what=$2
+  shift 2
+  if [ $BAD = 0 ]; then
+    PASSED=$((PASSED + 1))
+    log "PASS $name: $what"
+  else
+    FAILED=$((FAILED + 1))
+    log "FAIL $name"
+    dump "$@"
+  fi
+}
+requeued_once() {  # requeued_once JOB LOG: COMPLETED 0:0 after one restart that resumed a checkpoint
+  local state ec restarts
+  state=$(job_field "$1" JobState) ec=$(job_field "$1" ExitCode) restarts=$(job_field "$1" Restarts)
+  log "job $1: JobState=$state ExitCode=$ec Restarts=$restarts"
+  check "job $1 COMPLETED" [ "$state" = COMPLETED ]
+  check "job $1 exit code 0:0" [ "$ec" = 0:0 ]
+  check "job $1 restarted once" [ "$restarts" = 1 ]
+  check "mmpost stopped with a checkpoint on SIGTERM" in_log "$2" '"exit_reason":"signal"'
+  check "the requeued start resumed" in_log "$2" "resumed from"
+  check "the requeued start finished training" in_log "$2" '"exit_reason":"completed"'
+}
+same_weights() {  # same_weights A B WHAT: model.safetensors byte-identical
+  if cmp -s "$1/model.safetensors" "$2/model.safetensors"; then
+    log "  model.safetensors byte-identical to $3"
+  else
+    log "  expected: model.safetensors byte-identical to $3 ($2)"
+    BAD=1
+  fi
+}
 
 # ---- test 1: scontrol requeue
 BAD=0
-state=$(job_field "$JA" JobState) ec=$(job_field "$JA" ExitCode) restarts=$(job_field "$JA" Restarts)
-log "job A: JobState=$state ExitCode=$ec Restarts=$restarts"
-check "job A COMPLETED" [ "$state" = COMPLETED ]
-check "job A exit code 0:0" [ "$ec" = 0:0 ]
-check "job A restarted once" [ "$restarts" = 1 ]
+requeued_once "$JA" "$LOG_A"
 check "found the clone from outside it (Command= path)" in_log "$LOG_A" "repository $ROOT;"
 check "the log kept the first start (append, not truncate)" in_log "$LOG_A" "start (SLURM_RESTART_COUNT=0)"
 check "the log has the requeued start" in_log "$LOG_A" "requeued start (SLURM_RESTART_COUNT=1)"
-check "mmpost stopped with a checkpoint on SIGTERM" in_log "$LOG_A" '"exit_reason":"signal"'
-check "the requeued start resumed" in_log "$LOG_A" "resumed from"
-check "the requeued start finished training" in_log "$LOG_A" '"exit_reason":"completed"'
 check "only one run folder (runs/sft-$JA)" [ "$(grep -cF "runs/sft-$JA" "$LOG_A")" -ge 2 ]
 check "evaluation on data.eval ran" test -s "$OUT_A/val_eval.json"
 check "final model exists" test -f "$OUT_A/model.safetensors"
-if cmp -s "$OUT_A/model.safetensors" "$T/straight/model.safetensors"; then
-  log "  model.safetensors byte-identical to the uninterrupted run"
-else
-  log "  expected: model.safetensors byte-identical to the uninterrupted run ($T/straight)"
-  BAD=1
-fi
-if [ $BAD = 0 ]; then
-  PASSED=$((PASSED + 1))
-  log "PASS requeue: checkpoint on SIGTERM, requeued, resumed, COMPLETED 0, log appended, weights identical"
-else
-  FAILED=$((FAILED + 1))
-  log "FAIL requeue"
-  dump "$LOG_A" "$T/straight.log"
-fi
+same_weights "$OUT_A" "$T/straight" "the uninterrupted run"
+verdict requeue "checkpoint on SIGTERM, requeued, resumed, COMPLETED 0, log appended, weights identical" \
+  "$LOG_A" "$T/straight.log"
 
 # ---- test 2: pre-timeout USR1 -> checkpoint -> requeue itself -> resume
 if [ -n "$JB" ]; then
@@ -361,14 +380,7 @@ if [ -n "$JB" ]; then
   check "the requeued start resumed" in_log "$LOG_B" "resumed from"
   check "training completed" in_log "$LOG_B" '"exit_reason":"completed"'
   check "evaluation on data.eval ran" test -s "$ROOT/runs/sft-$JB/val_eval.json"
-  if [ $BAD = 0 ]; then
-    PASSED=$((PASSED + 1))
-    log "PASS pre-timeout: USR1 -> checkpoint -> self-requeue ($restarts restart(s)) -> resumed -> COMPLETED 0"
-  else
-    FAILED=$((FAILED + 1))
-    log "FAIL pre-timeout"
-    dump "$LOG_B"
-  fi
+  verdict pre-timeout "USR1 -> checkpoint -> self-requeue ($restarts restart(s)) -> resumed -> COMPLETED 0" "$LOG_B"
 fi
 
 # ---- test 3: srun data parallelism (scripts/slurm/multinode.sbatch, 2 tasks on this node):
@@ -402,14 +414,45 @@ a, b = losses(sys.argv[1]), losses(sys.argv[2])
 print("losses 1 process:", a, "\n losses 2 ranks: ", b, file=sys.stderr)
 sys.exit(0 if len(a) == len(b) == 5 and all(abs(x - y) <= 1e-5 * abs(x) for x, y in zip(a, b)) else 1)
 PY
-  if [ $BAD = 0 ]; then
-    PASSED=$((PASSED + 1))
-    log "PASS srun: 2 ranks via multinode.sbatch equal one process with the 2x batch"
-  else
-    FAILED=$((FAILED + 1))
-    log "FAIL srun"
-    dump "$LOG_D" "$T/dp_one.log"
-  fi
+  verdict srun "2 ranks via multinode.sbatch equal one process with the 2x batch" "$LOG_D" "$T/dp_one.log"
+fi
+
+# ---- test 4: a preempted srun job: SIGTERM to both tasks, one checkpoint, requeue, resume on 2
+# ranks, weights byte-identical to an uninterrupted 2-rank run.
+if [ "${SLURM_TEST_SRUN:-1}" = 1 ]; then
+  BAD=0
+  PRE_FLAGS=("${COMMON[@]}" --set data.eval='""' --set dist.timeout_s=60 --set train.batch_size=8
+             --set train.max_steps="$STEPS_A" --set train.save_every_n_steps=$((STEPS_A / 10)))
+  OUT_E=$T/dp_preempt
+  JE=$(cd "$T/submit" && env -u MMPOST_ROOT STAGE=sft RECIPE="$RECIPE" OUT="$OUT_E" MMPOST_ROOT="$ROOT" \
+       sbatch --parsable -J mmpost-dp-preempt --nodes=1 --ntasks=2 --cpus-per-task=1 --mem=2G \
+       --time=10 "$ROOT/scripts/slurm/multinode.sbatch" "${PRE_FLAGS[@]}") ||
+    fail_now "sbatch (job E, multinode.sbatch) failed"
+  JOBS+=("$JE")
+  LOG_E=$T/submit/mmpost-dp-preempt-$JE.log
+  log "job E $JE (srun, 2 tasks, scontrol requeue path) submitted"
+  wait_for 90 "job E's first checkpoint in $OUT_E" has_checkpoint "$OUT_E" ||
+    fail_now "job E wrote no checkpoint" "$LOG_E"
+  scontrol requeue "$JE" || fail_now "scontrol requeue $JE failed" "$LOG_E"
+  log "job E has $(basename "$(dirname "$(compgen -G "$OUT_E/step_*/DONE" | head -n 1)")"); scontrol requeue $JE sent"
+  wait_for 180 "job E to finish" job_final "$JE" || true
+  # The reference: the same 2-rank run uninterrupted, as two processes with torchrun's variables.
+  PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  REF_PIDS=()
+  for r in 0 1; do
+    env -u SLURM_JOB_ID RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
+      MASTER_PORT="$PORT" "$BIN" sft --recipe "$RECIPE" --output "$T/dp_straight" --set num_threads=1 \
+      "${PRE_FLAGS[@]}" >"$T/dp_straight.$r.log" 2>&1 </dev/null &
+    REF_PIDS+=($!)
+  done
+  ref_ok=1
+  for p in "${REF_PIDS[@]}"; do wait "$p" || ref_ok=0; done
+  [ $ref_ok = 1 ] || { cat "$T/dp_straight.0.log" "$T/dp_straight.1.log"; fail_now "uninterrupted 2-rank reference failed"; }
+  requeued_once "$JE" "$LOG_E"
+  check "two ranks joined after the requeue" [ "$(grep -c 'joining 2 processes (slurm' "$LOG_E")" -ge 2 ]
+  same_weights "$OUT_E" "$T/dp_straight" "the uninterrupted 2-rank run"
+  verdict "srun preemption" "both ranks stop at one step, checkpoint, requeue, resume, weights identical" \
+    "$LOG_E" "$T/dp_straight.0.log"
 fi
 
 echo "$NAME: $PASSED passed, $FAILED failed ($(($(date +%s) - T0)) s)"

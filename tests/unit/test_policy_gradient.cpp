@@ -346,6 +346,40 @@ TEST_CASE("masked_whiten: masked mean and unbiased variance", "[unit][policy_gra
   CHECK(elem(algo::masked_whiten(x, mask, /*shift_mean=*/false), 2) == Approx(3.0));
 }
 
+TEST_CASE("masked_whiten with batch_sum: a shard whitens with the whole batch's statistics",
+          "[unit][policy_gradient]") {
+  // Rank a holds masked [1, 2], rank b masked [3, 6] (and a masked-out 100): the batch's mean is
+  // 3, unbiased var (4 + 1 + 0 + 9) / 3 = 14/3, so rank a's 1 whitens to -2 / sqrt(14/3).
+  auto xa = torch::tensor({{1.0, 2.0}}, kF64), ma = torch::tensor({{1, 1}});
+  auto xb = torch::tensor({{3.0, 6.0, 100.0}}, kF64), mb = torch::tensor({{1, 1, 0}});
+  int calls = 0;
+  double mean = 0;
+  algo::BatchSum peer_b = [&](std::vector<double> v) {  // adds rank b's part of each reduction
+    ++calls;
+    if (calls == 1) {  // [sum x, count]
+      REQUIRE(v.size() == 2);
+      v[0] += 9.0;
+      v[1] += 2.0;
+      mean = v[0] / v[1];
+    } else {  // [sum (x - mean)^2]
+      REQUIRE(v.size() == 1);
+      v[0] += (3.0 - mean) * (3.0 - mean) + (6.0 - mean) * (6.0 - mean);
+    }
+    return v;
+  };
+  auto wa = algo::masked_whiten(xa, ma, true, peer_b);
+  CHECK(calls == 2);
+  CHECK(mean == 3.0);
+  CHECK(elem(wa, 0) == Approx(-2.0 / std::sqrt(14.0 / 3.0 + 1e-8)));
+  CHECK(elem(wa, 1) == Approx(-1.0 / std::sqrt(14.0 / 3.0 + 1e-8)));
+  // Without batch_sum, rank a alone: mean 1.5, var 0.5: the shard's own (wrong) statistics.
+  CHECK(elem(algo::masked_whiten(xa, ma), 0) == Approx(-0.5 / std::sqrt(0.5 + 1e-8)));
+  // A batch with fewer than two masked elements over all ranks is an error, on every rank.
+  auto one = [](std::vector<double> v) { return v; };
+  CHECK_THROWS(algo::masked_whiten(torch::tensor({{1.0, 2.0}}, kF64), torch::tensor({{1, 0}}),
+                                   true, one));
+}
+
 TEST_CASE("kl_penalized_rewards: -kl_coef * kl per token plus the score at the last token", "[unit][policy_gradient]") {
   // k1 row 0: [-1 - -1.5, 0, masked] = [0.5, 0, -]; kl_coef 0.1 -> [-0.05, 0 + score 2, 0].
   // Row 1 (all tokens, kl 0): score 3 on t = 2. Row 2 (no tokens): nothing.

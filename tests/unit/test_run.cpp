@@ -54,6 +54,26 @@ TEST_CASE("MetricWindow: per-key means, rates, reset", "[unit][run]") {
   CHECK(empty.empty());  // flushed: nothing carried over
 }
 
+TEST_CASE("MetricWindow: merging another rank's sums gives the mean of all observations",
+          "[unit][run]") {
+  // What Run::flush does with the all-gathered windows of 2 ranks.
+  train::MetricWindow rank0, rank1;
+  rank0.add("loss", 1.0);
+  rank0.add("loss", 3.0);
+  rank0.count(100, 4);
+  rank1.add("loss", 8.0);           // one observation: the mean is (1 + 3 + 8) / 3, not (2 + 8) / 2
+  rank1.add("value_loss", 0.25);    // a key only rank 1 saw
+  rank1.count(200, 2);
+  const auto sums1 = nlohmann::json::parse(rank1.sums().dump());  // through the wire format
+  CHECK(sums1["n"]["loss"] == 1);
+  rank0.add_sums(sums1);
+  auto m = rank0.flush("samples");
+  CHECK(m["loss"].get<double>() == 4.0);
+  CHECK(m["value_loss"].get<double>() == 0.25);
+  // Rates count both ranks' work over one wall time: 300 tokens / 6 samples.
+  CHECK(m["tokens_per_s"].get<double>() / m["samples_per_s"].get<double>() == Approx(50.0));
+}
+
 TEST_CASE("format_rate and total_steps_of", "[unit][run]") {
   CHECK(train::format_rate(812) == "812");
   CHECK(train::format_rate(12345) == "12.3k");

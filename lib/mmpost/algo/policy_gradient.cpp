@@ -167,7 +167,8 @@ GroupAdvantages rloo_advantages(const torch::Tensor& rewards, int64_t G, bool no
 
 std::pair<torch::Tensor, torch::Tensor> reinforce_pp_advantages(const torch::Tensor& token_rewards,
                                                                 const torch::Tensor& completion_mask,
-                                                                double gamma) {
+                                                                double gamma,
+                                                                const BatchSum& batch_sum) {
   TORCH_CHECK(token_rewards.dim() == 2 && token_rewards.sizes() == completion_mask.sizes(),
               "reinforce_pp_advantages: token_rewards and completion_mask must both be [B, T]");
   torch::NoGradGuard no_grad;
@@ -179,11 +180,12 @@ std::pair<torch::Tensor, torch::Tensor> reinforce_pp_advantages(const torch::Ten
     returns.select(1, t).copy_(running);
     running = running * mask.select(1, t);  // a masked position starts a new return
   }
-  return {masked_whiten(returns, mask) * mask, returns};
+  return {masked_whiten(returns, mask, true, batch_sum) * mask, returns};
 }
 
 torch::Tensor reinforce_pp_baseline_advantages(const torch::Tensor& rewards, int64_t G,
-                                               const torch::Tensor& completion_mask) {
+                                               const torch::Tensor& completion_mask,
+                                               const BatchSum& batch_sum) {
   auto grouped = grouped_view(rewards, G, "reinforce_pp_baseline_advantages");
   TORCH_CHECK(completion_mask.dim() == 2 && completion_mask.size(0) == rewards.size(0),
               "reinforce_pp_baseline_advantages: completion_mask must be [N, T]");
@@ -191,7 +193,7 @@ torch::Tensor reinforce_pp_baseline_advantages(const torch::Tensor& rewards, int
   auto centered = G > 1 ? (grouped - grouped.mean(/*dim=*/1, /*keepdim=*/true)).view(-1) : rewards;
   auto mask = completion_mask.to(rewards.scalar_type());
   auto tiled = centered.unsqueeze(1) * mask;  // [N, T]: the score on every completion token
-  return masked_whiten(tiled, mask) * mask;
+  return masked_whiten(tiled, mask, true, batch_sum) * mask;
 }
 
 torch::Tensor filter_zero_std_groups(const torch::Tensor& rewards, int64_t G) {
@@ -379,13 +381,26 @@ std::pair<torch::Tensor, torch::Tensor> value_loss(const torch::Tensor& values,
   return {loss, clipfrac};
 }
 
-torch::Tensor masked_whiten(const torch::Tensor& x, const torch::Tensor& mask, bool shift_mean) {
+torch::Tensor masked_whiten(const torch::Tensor& x, const torch::Tensor& mask, bool shift_mean,
+                            const BatchSum& batch_sum) {
   TORCH_CHECK(x.sizes() == mask.sizes(), "masked_whiten: x and mask must have one shape");
   const auto m = mask.to(x.scalar_type());
-  const auto n = m.sum();
+  // Sums over the whole batch: this x alone, or every rank's through batch_sum (as doubles).
+  auto over_batch = [&](const torch::Tensor& sums) {  // [k] -> [k], x's dtype and device
+    if (!batch_sum) return sums;
+    auto local = sums.detach().to(torch::kCPU, torch::kFloat64).contiguous();
+    std::vector<double> v(local.data_ptr<double>(), local.data_ptr<double>() + local.numel());
+    v = batch_sum(std::move(v));
+    TORCH_CHECK(static_cast<int64_t>(v.size()) == sums.numel(), "masked_whiten: batch_sum returned ",
+                v.size(), " values for ", sums.numel());
+    return torch::tensor(v, torch::kFloat64).to(sums.options());
+  };
+  const auto first = over_batch(torch::stack({(x * m).sum(), m.sum()}));
+  const auto n = first[1];
   TORCH_CHECK(n.item<double>() >= 2, "masked_whiten: needs at least two masked elements");
-  auto mean = masked_mean(x, m);
-  auto var = masked_mean((x - mean).square(), m) * (n / (n - 1));  // Bessel's correction
+  auto mean = first[0] / n;
+  const auto sq = over_batch(((x - mean).square() * m).sum().unsqueeze(0))[0];
+  auto var = sq / n * (n / (n - 1));  // Bessel's correction
   auto white = (x - mean) * torch::rsqrt(var + 1e-8);
   return shift_mean ? white : white + mean;
 }

@@ -5,8 +5,10 @@
 // checks them against numbers TRL's own code computed.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <torch/torch.h>
 
@@ -62,20 +64,30 @@ GroupAdvantages grpo_advantages(const torch::Tensor& rewards, int64_t G,
 GroupAdvantages rloo_advantages(const torch::Tensor& rewards, int64_t G,
                                 bool normalize_advantages = false);
 
+/// Sums a few doubles over every process that holds a shard of the batch (data parallel: an
+/// all-reduce; the values come back summed in the same order). An empty BatchSum means the whole
+/// batch is in this process. Used by the batch-level statistics below (masked_whiten), so N ranks
+/// whiten with the statistics of the union of their rows, as one process with the whole batch.
+using BatchSum = std::function<std::vector<double>(std::vector<double>)>;
+
 /// REINFORCE++, Hu 2025, arXiv:2501.03262, Sec. 3 (verl compute_reinforce_plus_plus_outcome_advantage):
 /// discounted returns G_t = r_t + gamma G_{t+1} (reset past the mask), whitened over all masked
-/// tokens of the batch (masked_whiten, unbiased var, + 1e-8), times the mask.
+/// tokens of the batch (masked_whiten, unbiased var, + 1e-8), times the mask; `batch_sum` spans
+/// the batch over ranks (see BatchSum).
 /// token_rewards, completion_mask [B, T]; returns (advantages [B, T], returns [B, T]).
 std::pair<torch::Tensor, torch::Tensor> reinforce_pp_advantages(const torch::Tensor& token_rewards,
                                                                 const torch::Tensor& completion_mask,
-                                                                double gamma = 1.0);
+                                                                double gamma = 1.0,
+                                                                const BatchSum& batch_sum = {});
 
 /// REINFORCE++-baseline (same paper; verl compute_reinforce_plus_plus_baseline_outcome_advantage):
 /// subtract the group mean from the scalar score (G == 1: no baseline), then whiten over the
 /// masked tokens of the batch, so longer completions weigh more in the mean and variance, exactly
-/// as verl. rewards [N], completion_mask [N, T]; returns advantages [N, T] (constant along T).
+/// as verl. A group's rows must all be here; the whitening spans ranks through `batch_sum`.
+/// rewards [N], completion_mask [N, T]; returns advantages [N, T] (constant along T).
 torch::Tensor reinforce_pp_baseline_advantages(const torch::Tensor& rewards, int64_t G,
-                                               const torch::Tensor& completion_mask);
+                                               const torch::Tensor& completion_mask,
+                                               const BatchSum& batch_sum = {});
 
 /// DAPO dynamic sampling, Yu et al. 2025, arXiv:2503.14476, Eq. 11: the row indices (int64 [K],
 /// ascending) of the groups whose scorable rewards are not all equal; the rest carry no gradient.
@@ -159,8 +171,12 @@ std::pair<torch::Tensor, torch::Tensor> value_loss(const torch::Tensor& values,
                                                    const torch::Tensor& mask, double cliprange_value);
 
 /// TRL's masked_whiten: (x - mean) * rsqrt(var + 1e-8) over the masked elements, unbiased var;
-/// shift_mean = false adds the mean back. TORCH_CHECK: at least two masked elements.
-torch::Tensor masked_whiten(const torch::Tensor& x, const torch::Tensor& mask, bool shift_mean = true);
+/// shift_mean = false adds the mean back. With `batch_sum`, mean and var are those of the masked
+/// elements of every rank's x (two small all-reduces: counts and sum, then squared deviations);
+/// without, the same float ops as TRL on this x alone. Throws (TORCH_CHECK) unless at least two
+/// elements are masked in the whole batch. x, mask [B, T] (any equal shapes).
+torch::Tensor masked_whiten(const torch::Tensor& x, const torch::Tensor& mask, bool shift_mean = true,
+                            const BatchSum& batch_sum = {});
 
 /// TRL PPOTrainer's rewards: -kl_coef * KL per token (estimator of logps vs ref_logps), masked,
 /// plus the scalar score [B] at each row's last completion token (the EOS token when the mask

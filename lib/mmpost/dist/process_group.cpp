@@ -750,4 +750,12 @@ void ProcessGroup::barrier() {
   }
 }
 
+std::vector<double> sum_over_ranks(ProcessGroup* pg, std::vector<double> values) {
+  if (pg == nullptr || pg->world_size() == 1 || values.empty()) return values;
+  std::vector<at::Tensor> t{at::tensor(values, at::kDouble)};
+  pg->all_reduce_sum(t);
+  auto out = t[0].contiguous();
+  return {out.data_ptr<double>(), out.data_ptr<double>() + out.numel()};
+}
+
 }  // namespace mmpost::dist

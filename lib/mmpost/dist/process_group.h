@@ -195,4 +195,9 @@ class ProcessGroup {
   std::shared_ptr<Impl> impl_;  // shared with pending WorkHandles
 };
 
+/// Element-wise sum over the ranks of `pg` of a few host values (float64 all-reduce), e.g. the
+/// counts and sums behind a mean; with pg == nullptr (one process) the values themselves.
+/// Throws DistError.
+std::vector<double> sum_over_ranks(ProcessGroup* pg, std::vector<double> values);
+
 }  // namespace mmpost::dist

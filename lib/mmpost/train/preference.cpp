@@ -6,6 +6,7 @@
 #include "mmpost/io/jsonl.h"
 #include "mmpost/core/log.h"
 #include "mmpost/data/loader.h"
+#include "mmpost/dist/process_group.h"
 #include "mmpost/io/safetensors.h"
 
 namespace mmpost::train {
@@ -25,6 +26,7 @@ std::unique_ptr<data::StreamingLoader<data::PreferenceSample>> file_order_loader
   lo.skip_bad = opts.skip_bad;
   lo.rank = rank;
   lo.world_size = world_size;
+  lo.max_records = opts.max_samples;
   auto limits = opts.limits;
   return std::make_unique<data::StreamingLoader<data::PreferenceSample>>(
       lo, [&c, limits](const nlohmann::json& rec, int64_t line) {
@@ -71,7 +73,8 @@ PreferenceEvalResult evaluate_preferences(model::Vlm& policy, model::Vlm* refere
                                           const torch::Device& device, torch::Dtype dtype,
                                           const ReferenceLogpsCache* ref_cache) {
   data::SampleContext c = ctx;
-  auto loader = file_order_loader(c, path, opts);
+  const int rank = opts.pg ? opts.pg->rank() : 0, world = opts.pg ? opts.pg->world_size() : 1;
+  auto loader = file_order_loader(c, path, opts, rank, world);
   int64_t total = data::count_records(path);
   if (opts.max_samples > 0) total = std::min(total, opts.max_samples);
   Progress progress("eval", total);
@@ -80,15 +83,10 @@ PreferenceEvalResult evaluate_preferences(model::Vlm& policy, model::Vlm* refere
   const bool was_training = policy->is_training();
   policy->eval();
   torch::NoGradGuard no_grad;
-  PreferenceEvalResult r;
-  double correct = 0, margin = 0, rc = 0, rr = 0, lc = 0, lr = 0;
-  while (opts.max_samples <= 0 || r.n < opts.max_samples) {
-    auto samples = loader->next_batch();
-    if (!samples) break;
-    if (samples->empty()) continue;  // a window whose records were all skipped
-    if (opts.max_samples > 0 && r.n + static_cast<int64_t>(samples->size()) > opts.max_samples) {
-      samples->resize(opts.max_samples - r.n);
-    }
+  // Sums over this rank's pairs: n, correct, margin, rewards chosen/rejected, logps chosen/rejected.
+  std::vector<double> sums(7, 0.0);
+  while (auto samples = loader->next_batch()) {
+    if (samples->empty()) continue;  // a window whose records were all skipped (or another rank's)
     auto b = data::collate_preference(*samples, pad_id).to(device, dtype);
     auto p = preference_forward(policy, b, false, false).logps;
     auto chosen = p.chosen, rejected = p.rejected;
@@ -100,25 +98,31 @@ PreferenceEvalResult evaluate_preferences(model::Vlm& policy, model::Vlm* refere
     }
     auto reward_c = (opts.beta * chosen).to(torch::kFloat64).cpu();
     auto reward_r = (opts.beta * rejected).to(torch::kFloat64).cpu();
-    correct += (reward_c > reward_r).sum().item<double>();
-    margin += (reward_c - reward_r).sum().item<double>();
-    rc += reward_c.sum().item<double>();
-    rr += reward_r.sum().item<double>();
-    lc += p.chosen.sum().item<double>();
-    lr += p.rejected.sum().item<double>();
-    r.n += b.batch_size;
-    if (opts.show_progress) progress.update(r.n, "acc " + std::to_string(correct / r.n));
+    sums[0] += static_cast<double>(b.batch_size);
+    sums[1] += (reward_c > reward_r).sum().item<double>();
+    sums[2] += (reward_c - reward_r).sum().item<double>();
+    sums[3] += reward_c.sum().item<double>();
+    sums[4] += reward_r.sum().item<double>();
+    sums[5] += p.chosen.to(torch::kFloat64).sum().item<double>();
+    sums[6] += p.rejected.to(torch::kFloat64).sum().item<double>();
+    if (opts.show_progress) {
+      progress.update(static_cast<int64_t>(sums[0]) * world, "acc " + std::to_string(sums[1] / sums[0]));
+    }
   }
   progress.finish();
   if (was_training) policy->train();
-  r.n_skipped = loader->n_skipped();
+  sums.push_back(static_cast<double>(loader->n_skipped()));
+  sums = dist::sum_over_ranks(opts.pg, std::move(sums));
+  PreferenceEvalResult r;
+  r.n = static_cast<int64_t>(sums[0]);
+  r.n_skipped = static_cast<int64_t>(sums[7]);
   if (r.n > 0) {
-    r.accuracy = correct / r.n;
-    r.margin = margin / r.n;
-    r.reward_chosen = rc / r.n;
-    r.reward_rejected = rr / r.n;
-    r.logps_chosen = lc / r.n;
-    r.logps_rejected = lr / r.n;
+    r.accuracy = sums[1] / sums[0];
+    r.margin = sums[2] / sums[0];
+    r.reward_chosen = sums[3] / sums[0];
+    r.reward_rejected = sums[4] / sums[0];
+    r.logps_chosen = sums[5] / sums[0];
+    r.logps_rejected = sums[6] / sums[0];
   }
   return r;
 }

@@ -49,6 +49,9 @@ struct PreferenceEvalOptions {
   bool skip_bad = false;
   bool show_progress = true;
   data::PreferenceLimits limits;
+  /// evaluate_preferences under torchrun / srun: each rank scores its share of the records
+  /// (positions p % world == rank), the sums are all-reduced and every rank gets the result.
+  dist::ProcessGroup* pg = nullptr;
 };
 
 /// Reference log-probs per JSONL line: chosen, rejected, chosen_tail, rejected_tail (float32).
@@ -62,8 +65,10 @@ struct ReferenceLogpsCache {
 /// Rewards beta * (log pi - log ref) summed over completion tokens. The reference log-probs come
 /// from `reference`, else from `ref_cache` (precomputed for this file); with both null the rewards
 /// are beta * log pi (reference-free). Records as for `mmpost dpo`; `ctx` gives tokenizer,
-/// template and images (source/base_dir are set from `path`). Throws Error(kData) on bad records
-/// unless opts.skip_bad.
+/// template and images (source/base_dir are set from `path`). opts.max_samples caps the records
+/// read (the first N lines' records; bad ones skipped under skip_bad). With opts.pg the ranks
+/// share the records and return the same numbers as one process. Throws Error(kData) on bad
+/// records unless opts.skip_bad, dist::DistError when a peer fails.
 PreferenceEvalResult evaluate_preferences(model::Vlm& policy, model::Vlm* reference,
                                           const data::SampleContext& ctx, const std::string& path,
                                           const PreferenceEvalOptions& opts,

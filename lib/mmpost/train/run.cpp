@@ -115,6 +115,17 @@ nlohmann::json MetricWindow::flush(const std::string& unit) {
   return m;
 }
 
+nlohmann::json MetricWindow::sums() const {
+  return {{"sum", sum_}, {"n", n_}, {"tokens", tokens_}, {"samples", samples_}};
+}
+
+void MetricWindow::add_sums(const nlohmann::json& other) {
+  for (const auto& [k, v] : other.at("sum").items()) sum_[k] += v.get<double>();
+  for (const auto& [k, v] : other.at("n").items()) n_[k] += v.get<int64_t>();
+  tokens_ += other.at("tokens").get<int64_t>();
+  samples_ += other.at("samples").get<int64_t>();
+}
+
 void add_step_stats(MetricWindow& w, const StepStats& st) {
   w.add("grad_norm", st.grad_norm);
   if (st.comm.all_reduces == 0) return;
@@ -255,6 +266,15 @@ void Run::log_step(nlohmann::json m, const std::vector<std::string>& shown) {
   log_info(line);
 }
 
+nlohmann::json Run::flush(MetricWindow& window, const std::string& unit) const {
+  if (!pg_) return window.flush(unit);
+  const auto parts = pg_->all_gather_object(window.sums().dump());
+  for (size_t r = 0; r < parts.size(); ++r) {  // this rank's own sums are already in `window`
+    if (static_cast<int>(r) != world_.rank) window.add_sums(nlohmann::json::parse(parts[r]));
+  }
+  return window.flush(unit);
+}
+
 void Run::log_eval(const nlohmann::json& m, const std::string& line) {
   if (!is_main()) return;
   nlohmann::json row = m;
@@ -278,11 +298,7 @@ int Run::stop_requested() const {
 }
 
 std::vector<double> Run::all_sum(std::vector<double> values) const {
-  if (!pg_ || values.empty()) return values;
-  std::vector<torch::Tensor> t{torch::tensor(values, torch::kFloat64)};
-  pg_->all_reduce_sum(t);
-  auto out = t[0].contiguous();
-  return {out.data_ptr<double>(), out.data_ptr<double>() + out.numel()};
+  return dist::sum_over_ranks(pg_.get(), std::move(values));
 }
 
 nlohmann::json Run::summary(RunEnd end) const {

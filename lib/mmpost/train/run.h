@@ -35,6 +35,10 @@ class MetricWindow {
   /// The window's means, `tokens_per_s` and `<unit>_per_s` (unit e.g. "samples", "pairs"), then
   /// resets. Keys that were never added are absent.
   nlohmann::json flush(const std::string& unit);
+  /// The sums and counts as JSON {"sum": {key: s}, "n": {key: n}, "tokens", "samples"}, and
+  /// the inverse that adds another window's into this one (merging ranks; keeps this start time).
+  nlohmann::json sums() const;
+  void add_sums(const nlohmann::json& other);
 
  private:
   std::map<std::string, double> sum_;
@@ -95,6 +99,11 @@ class Run {
   /// Writes a training metrics row (step, lr and `m`) and a log line with `shown` keys (those
   /// present), grad_norm, lr, throughput and, in batch jobs, the ETA.
   void log_step(nlohmann::json m, const std::vector<std::string>& shown);
+  /// MetricWindow::flush over every rank (call it on all ranks at the same step): each metric is
+  /// the mean of all ranks' observations, tokens_per_s and `<unit>_per_s` count every rank's work
+  /// over rank 0's wall time. One all-gather of the windows' sums; one process flushes directly.
+  /// Throws dist::DistError when a peer fails.
+  nlohmann::json flush(MetricWindow& window, const std::string& unit) const;
   /// Writes an eval row (keys prefixed "eval/" by the caller) and the log line `line`.
   void log_eval(const nlohmann::json& m, const std::string& line);
   /// Redraws the progress bar (after each step).
