@@ -98,6 +98,8 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   }
   const auto& mcfg = sm.model->config();
   sm.image.image_size = mcfg.vision_config.image_size;
+  sm.image.max_pixels = img.max_pixels;  // the recipe's, whatever the checkpoint's processor says
+  static_assert(config::ImageSection{}.max_pixels == data::kDefaultMaxPixels);
   MMPOST_CHECK_USAGE(!sm.tokenizer_path.empty(), "model.tokenizer: no tokenizer.model found",
                      "\n  hint: set model.tokenizer to a sentencepiece model");
   sm.tokenizer = std::make_unique<data::Tokenizer>(sm.tokenizer_path.string());

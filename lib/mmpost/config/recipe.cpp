@@ -58,6 +58,7 @@ void CommonConfig::validate_common() const {
     MMPOST_CHECK_USAGE(s > 0, "data.image.image_std: values must be > 0");
   }
   MMPOST_CHECK_USAGE(data.image.random_shift >= 0, "data.image.random_shift: must be >= 0");
+  MMPOST_CHECK_USAGE(data.image.max_pixels >= 0, "data.image.max_pixels: must be >= 0 (0: no limit)");
   MMPOST_CHECK_USAGE(data.max_length > 0, "data.max_length: must be > 0");
   MMPOST_CHECK_USAGE(data.num_workers >= 1, "data.num_workers: must be >= 1");
   MMPOST_CHECK_USAGE(data.prefetch >= 1, "data.prefetch: must be >= 1");

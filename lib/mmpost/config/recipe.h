@@ -32,6 +32,7 @@ struct ImageSection {
   std::vector<double> image_mean = {0.48145466, 0.4578275, 0.40821073};  // CLIP
   std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
   int64_t random_shift = 0;  // training-only augmentation
+  int64_t max_pixels = 2 * 89478485;  // data::kDefaultMaxPixels (config sits below data)
   template <class V>
   void visit(V& v) {
     v("resize_mode", resize_mode, "shortest_edge_center_crop | pad_to_square");
@@ -42,6 +43,9 @@ struct ImageSection {
     v("image_std", image_std, "per-channel std (RGB)");
     v("random_shift", random_shift,
       "training augmentation: random translation up to N pixels at model resolution (0: off)");
+    v("max_pixels", max_pixels,
+      "largest width x height an image may have, checked from the JPEG/PNG header before "
+      "decoding (0: no limit; default Pillow's decompression-bomb threshold 178956970)");
   }
 };
 

@@ -197,21 +197,6 @@ cv::Mat resize_image(const cv::Mat& img, int width, int height, const std::strin
   return out;
 }
 
-cv::Mat load_image_rgb(const std::string& path) {
-  MMPOST_CHECK_DATA(std::filesystem::is_regular_file(path), path, ": image file not found");
-  cv::Mat bgr;
-  try {
-    bgr = cv::imread(path, cv::IMREAD_COLOR | cv::IMREAD_IGNORE_ORIENTATION);
-  } catch (const cv::Exception& e) {
-    throw Error(ErrorKind::kData, path + ": cannot decode image: " + e.what());
-  }
-  MMPOST_CHECK_DATA(!bgr.empty() && bgr.cols > 0 && bgr.rows > 0, path,
-                    ": cannot decode image (corrupt or unsupported format)");
-  cv::Mat rgb;
-  cv::cvtColor(bgr, rgb, cv::COLOR_BGR2RGB);
-  return rgb;
-}
-
 cv::Mat resize_for_model(const cv::Mat& rgb, const ImageProcessorConfig& cfg) {
   TORCH_CHECK(rgb.type() == CV_8UC3, "resize_for_model expects 8-bit RGB");
   const int size = static_cast<int>(cfg.image_size);
@@ -265,7 +250,7 @@ cv::Mat random_shift(const cv::Mat& rgb, int64_t max_shift, uint64_t seed,
 }
 
 torch::Tensor load_pixel_values(const std::string& path, const ImageProcessorConfig& cfg) {
-  return to_pixel_values(resize_for_model(load_image_rgb(path), cfg), cfg);
+  return to_pixel_values(resize_for_model(load_image_rgb(path, cfg.max_pixels), cfg), cfg);
 }
 
 }  // namespace mmpost::data

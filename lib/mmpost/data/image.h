@@ -8,10 +8,14 @@
 #include <opencv2/core.hpp>
 #include <torch/torch.h>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
 namespace mmpost::data {
+
+/// Default pixel budget: Pillow's DecompressionBombError threshold (2 x Image.MAX_IMAGE_PIXELS).
+inline constexpr int64_t kDefaultMaxPixels = 2 * 89478485;
 
 /// How images become `pixel_values`. `image_size` comes from the model's vision_config.
 struct ImageProcessorConfig {
@@ -22,12 +26,34 @@ struct ImageProcessorConfig {
   std::string interpolation = "bicubic";
   std::vector<double> image_mean = {0.48145466, 0.4578275, 0.40821073};
   std::vector<double> image_std = {0.26862954, 0.26130258, 0.27577711};
-  double rescale_factor = 1.0 / 255.0;  // HF "rescale_factor" (last: keeps aggregate inits valid)
+  double rescale_factor = 1.0 / 255.0;  // HF "rescale_factor"
+  /// data.image.max_pixels: the largest width x height decoded (0: no limit); not an HF field.
+  int64_t max_pixels = kDefaultMaxPixels;
 };
 
-/// Decodes an image file to 8-bit RGB (grayscale replicated, alpha dropped, EXIF orientation
-/// ignored as PIL does). Throws Error(kData) "PATH: file not found" / "PATH: cannot decode image".
-cv::Mat load_image_rgb(const std::string& path);
+/// What the header of a JPEG or PNG file says (format "" and width -1 for other formats).
+struct ImageFileInfo {
+  std::string format;          // "jpeg" | "png" | ""
+  int64_t width = -1, height = -1;
+  int bit_depth = 8;           // bits per sample
+  int png_color_type = -1;     // PNG IHDR colour type (0 gray, 2 RGB, 3 palette, 4 gray+alpha, 6 RGBA)
+};
+
+/// Checks the structure of a JPEG (marker segments from SOI to EOI; entropy-coded data scanned to
+/// its next marker) or PNG (chunks from IHDR to IEND) held in `bytes`, and returns its header.
+/// Other formats are not checked (ImageFileInfo{}). Throws Error(kData) "PATH: truncated JPEG
+/// (... at byte N ...)" / "PATH: truncated PNG (...)" / "PATH: corrupt ...".
+ImageFileInfo inspect_image_file(const std::vector<uint8_t>& bytes, const std::string& path);
+
+/// Decodes an image file to 8-bit RGB HWC the way Pillow's Image.convert("RGB") after
+/// ImageOps.exif_transpose sees it (transformers.image_utils.load_image): EXIF orientation
+/// applied, grayscale replicated, alpha dropped (no compositing), palette expanded, 16-bit colour
+/// reduced to its high byte, 16-bit grayscale PNG clipped to 255 (Pillow's I;16 -> L rule; its
+/// orientation tag is not read). JPEG and PNG are checked for truncation first (see
+/// inspect_image_file) and their width x height against `max_pixels` (0: no limit) from the header,
+/// before decoding; other formats after decoding. Throws Error(kData) naming the path:
+/// not found, empty, truncated, over the pixel budget (with the dimensions), cannot decode.
+cv::Mat load_image_rgb(const std::string& path, int64_t max_pixels = kDefaultMaxPixels);
 
 /// Resizes an 8-bit image (any channel count, HWC) to width x height with `interpolation` (see
 /// ImageProcessorConfig). The pil_* modes follow Pillow 13's Image.resize (src/libImaging/

@@ -39,7 +39,7 @@ torch::Tensor load_sample_images(const std::vector<std::string>& images, const S
     std::filesystem::path p = rel;
     if (p.is_relative()) p = ctx.base_dir / p;
     try {
-      cv::Mat rgb = resize_for_model(load_image_rgb(p.string()), ctx.image);
+      cv::Mat rgb = resize_for_model(load_image_rgb(p.string(), ctx.image.max_pixels), ctx.image);
       if (ctx.random_shift > 0) {
         rgb = random_shift(rgb, ctx.random_shift, sample_seed + pix.size(), ctx.image);
       }
