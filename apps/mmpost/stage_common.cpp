@@ -94,7 +94,7 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
     if (sm.tokenizer_path.empty() || ckpt) sm.tokenizer_path = p.tokenizer_path;
     if (fs::is_regular_file(sm.source / "preprocessor_config.json")) sm.image = p.image;
   } else {
-    sm.model = model::build_vlm(model::vlm_config_from_json(m.config));  // seeded by the caller
+    sm.model = model::build_vlm(model::vlm_config_from_json(m.config, "model.config"));  // seeded by the caller
   }
   const auto& mcfg = sm.model->config();
   sm.image.image_size = mcfg.vision_config.image_size;

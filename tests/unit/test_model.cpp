@@ -349,6 +349,30 @@ TEST_CASE("config.json: HF defaults, round trip, refused values name the field",
          "text_config.rope_scaling: unsupported");
   refuse(R"({"text_config": {"attention_bias": true}})", "text_config.attention_bias");
   refuse(R"({"vision_feature_layer": [-2, -5]})", "vision_feature_layer");
+  // Unknown keys, at any level, are refused with their JSON path and the closest known key
+  // (a misspelt size would otherwise build a different model silently).
+  refuse(R"({"vision_config": {"hiden_size": 64}})",
+         "config.json: vision_config.hiden_size: unknown key");
+  refuse(R"({"vision_config": {"hiden_size": 64}})", "did you mean \"vision_config.hidden_size\"?");
+  refuse(R"({"text_config": {"num_layers": 2}})", "config.json: text_config.num_layers: unknown key");
+  refuse(R"({"image_token": 5})", "config.json: image_token: unknown key");
+  // transformers' inert bookkeeping keys load.
+  CHECK_NOTHROW(vlm_config_from_json(nlohmann::json::parse(
+      R"({"architectures": ["LlavaForConditionalGeneration"], "transformers_version": "4.57.1",
+          "ignore_index": -100, "vision_config": {"dropout": 0.0, "initializer_factor": 1.0},
+          "text_config": {"use_cache": true, "pretraining_tp": 1, "attention_dropout": 0.0,
+                          "id2label": {"0": "LABEL_0"}}})")));
+  // A recipe's inline model.config names itself.
+  try {
+    vlm_config_from_json(nlohmann::json::parse(R"({"vision_config": {"hiden_size": 64}})"),
+                         "model.config");
+    FAIL("expected mmpost::Error");
+  } catch (const mmpost::Error& e) {
+    CHECK(e.message() == "model.config.vision_config.hiden_size: unknown key (mmpost does not read "
+                         "it, and it is not one of transformers' keys known to leave the model "
+                         "unchanged)");
+    CHECK(e.hint() == "did you mean \"model.config.vision_config.hidden_size\"?");
+  }
   refuse(R"({"text_config": {"hidden_size": "big"}})",
          "text_config.hidden_size: expected a number");
 }

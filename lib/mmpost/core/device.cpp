@@ -13,7 +13,9 @@ torch::Device resolve_device(const std::string& spec) {
   if (spec == "cuda" || spec.rfind("cuda:", 0) == 0) {
     MMPOST_CHECK_USAGE(torch::cuda::is_available(),
                        "device \"", spec, "\" requested but this LibTorch build sees no CUDA device",
-                       "\n  hint: use --device cpu, or build against a CUDA LibTorch (Torch_DIR)");
+                       "\n  hint: use --device cpu; `mmpost --version` says whether this build "
+                       "has CUDA: a CPU build needs a CUDA LibTorch (Torch_DIR), a CUDA build "
+                       "a visible GPU (nvidia-smi, CUDA_VISIBLE_DEVICES)");
     int64_t index = 0;
     if (spec.size() > 5) {
       try {

@@ -6,6 +6,7 @@
 #include "mmpost/core/check.h"
 
 #include <algorithm>
+#include <set>
 
 namespace mmpost::model {
 namespace {
@@ -50,10 +51,80 @@ void check_model_type(const json& j, const std::string& field, const std::string
                      ".model_type: unsupported ", it->dump(), " (supported: ", expected, ")");
 }
 
+// ---- keys: read, or known not to change the math ---------------------------------------------
+// transformers' PretrainedConfig writes these into every config (generation defaults,
+// bookkeeping, label maps); none changes a forward pass of the models mmpost builds.
+const std::set<std::string> kInertCommon = {
+    "_name_or_path", "transformers_version", "architectures", "model_type", "torch_dtype", "dtype",
+    "_attn_implementation", "_attn_implementation_autoset", "attn_implementation", "return_dict",
+    "output_hidden_states", "output_attentions", "torchscript", "use_bfloat16", "tf_legacy_loss",
+    "pruned_heads", "chunk_size_feed_forward", "is_encoder_decoder", "is_decoder",
+    "cross_attention_hidden_size", "add_cross_attention", "tie_encoder_decoder", "max_length",
+    "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens", "finetuning_task", "id2label", "label2id",
+    "tokenizer_class", "prefix", "sep_token_id", "decoder_start_token_id", "task_specific_params",
+    "problem_type", "initializer_range", "initializer_factor", "use_cache"};
+const std::set<std::string> kVisionKeys = {  // read, plus CLIPVisionConfig's inert ones
+    "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "num_channels",
+    "image_size", "patch_size", "hidden_act", "layer_norm_eps", "projection_dim",
+    "dropout", "attention_dropout"};
+const std::set<std::string> kTextKeys = {  // read, plus LlamaConfig's inert ones
+    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "hidden_act", "rms_norm_eps", "max_position_embeddings",
+    "tie_word_embeddings", "rope_theta", "rope_scaling", "rope_parameters", "attention_bias",
+    "mlp_bias", "bos_token_id", "pad_token_id", "eos_token_id",
+    "pretraining_tp", "attention_dropout"};
+const std::set<std::string> kTopKeys = {  // read, plus LlavaConfig's inert ones
+    "vision_config", "text_config", "image_token_index", "image_seq_length",
+    "vision_feature_layer", "vision_feature_select_strategy", "projector_hidden_act",
+    "multimodal_projector_bias", "tie_word_embeddings",
+    "ignore_index", "pad_token_id", "bos_token_id", "eos_token_id", "vocab_size",
+    "num_labels",            // a reward model's head (hub/reward_model_folder reads it)
+    "mmpost_reward_model"};  // the same loader's own block
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+/// Refuses a key of object `j` (at JSON path `path`, e.g. "vision_config.") that is neither in
+/// `known` nor in kInertCommon, naming the closest known key.
+void check_keys(const json& j, const std::set<std::string>& known, const std::string& path) {
+  for (const auto& [key, value] : j.items()) {
+    if (known.count(key) || kInertCommon.count(key)) continue;
+    std::string best;
+    size_t best_d = 4;  // suggest only close spellings
+    for (const auto& k : known) {
+      const size_t d = edit_distance(key, k);
+      if (d < best_d) best_d = d, best = k;
+    }
+    throw Error(ErrorKind::kUsage,
+                "config.json: " + path + key + ": unknown key (mmpost does not read it, and it is "
+                "not one of transformers' keys known to leave the model unchanged)",
+                best.empty() ? "remove it, or report it if transformers uses it"
+                             : "did you mean \"" + path + best + "\"?");
+  }
+}
+
 VisionConfig vision_from_json(const json& j) {
   const std::string p = "vision_config.";
   MMPOST_CHECK_USAGE(j.is_object(), "config.json: vision_config: expected an object");
   check_model_type(j, "vision_config", "clip_vision_model");
+  check_keys(j, kVisionKeys, p);
   VisionConfig v;
   read(j, "hidden_size", p, v.hidden_size);
   read(j, "intermediate_size", p, v.intermediate_size);
@@ -72,6 +143,7 @@ TextConfig text_from_json(const json& j) {
   const std::string p = "text_config.";
   MMPOST_CHECK_USAGE(j.is_object(), "config.json: text_config: expected an object");
   check_model_type(j, "text_config", "llama");
+  check_keys(j, kTextKeys, p);
   TextConfig t;
   read(j, "vocab_size", p, t.vocab_size);
   read(j, "hidden_size", p, t.hidden_size);
@@ -161,9 +233,25 @@ void validate(const VlmConfig& c) {
                      " is out of range for ", v.num_hidden_layers, " vision layers");
 }
 
-VlmConfig vlm_config_from_json(const json& j) {
+VlmConfig vlm_config_from_json(const json& j, const std::string& where) {
+  if (where != "config.json") {  // the same checks, with messages naming `where`
+    try {
+      return vlm_config_from_json(j);
+    } catch (const Error& e) {
+      std::string m = e.message();
+      if (m.rfind("config.json: ", 0) == 0) {  // "config.json: PATH: why" -> "WHERE.PATH: why"
+        const std::string rest = m.substr(13);
+        const bool path_first = rest.find(':') < rest.find(' ');
+        m = where + (path_first ? "." : ": ") + rest;
+      }
+      std::string h = e.hint();
+      if (h.rfind("did you mean \"", 0) == 0) h.insert(14, where + ".");
+      throw Error(e.kind(), m, h);
+    }
+  }
   MMPOST_CHECK_USAGE(j.is_object(), "config.json: expected a JSON object");
   check_model_type(j, "(top level)", "llava");
+  check_keys(j, kTopKeys, "");
   VlmConfig c;
   if (auto it = j.find("vision_config"); it != j.end() && !it->is_null()) {
     c.vision_config = vision_from_json(*it);

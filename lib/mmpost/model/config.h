@@ -67,10 +67,15 @@ struct VlmConfig {
 };
 
 /// Reads a LLaVA config.json object. Missing fields take the HF defaults (a missing vision_config
-/// takes LlavaConfig's CLIP ViT-L/14-336 defaults, as transformers does).
-/// Throws mmpost::Error (kUsage) naming the field for wrong types and unsupported values
-/// (e.g. `config.json: text_config.hidden_act: unsupported "relu2" (supported: ...)`).
-VlmConfig vlm_config_from_json(const nlohmann::json& j);
+/// takes LlavaConfig's CLIP ViT-L/14-336 defaults, as transformers does). Every key must be one
+/// mmpost reads or one of transformers' keys known not to change the math (PretrainedConfig's
+/// generation and bookkeeping fields, dropout rates, initializer ranges, use_cache, ...); any
+/// other key, e.g. a misspelt `vision_config.hiden_size`, is refused with its JSON path and the
+/// closest known key. `where` names the source in messages ("config.json", or "model.config" for
+/// a recipe's inline config, whose paths then read `model.config.vision_config.hiden_size`).
+/// Throws mmpost::Error (kUsage) naming the field for unknown keys, wrong types and unsupported
+/// values (e.g. `config.json: text_config.hidden_act: unsupported "relu2" (supported: ...)`).
+VlmConfig vlm_config_from_json(const nlohmann::json& j, const std::string& where = "config.json");
 
 /// Writes an HF-loadable config.json object ("architectures": ["LlavaForConditionalGeneration"]).
 nlohmann::json vlm_config_to_json(const VlmConfig& c);
