@@ -192,6 +192,16 @@ TEST_CASE("bad records give FILE:LINE errors", "[unit][data]") {
   CHECK_THROWS_WITH(make_sft_sample(rec, 17, ctx),
                     HasSubstr("d.jsonl:17") &&
                         HasSubstr("1 <image> placeholder(s) in messages but 2"));
+  // Kinds from public trackers: "images" as a string instead of a list, and a literal <image>
+  // typed inside an answer (it would silently become an image slot): located errors.
+  auto str_images = nlohmann::json::parse(
+      R"({"images": "x.png", "messages": [{"role": "user", "content": "<image>\nq"}, {"role": "assistant", "content": "7"}]})");
+  CHECK_THROWS_WITH(make_sft_sample(str_images, 5, ctx),
+                    HasSubstr("d.jsonl:5") && HasSubstr("images: expected an array of paths"));
+  auto typed = nlohmann::json::parse(
+      R"({"images": ["x.png"], "messages": [{"role": "user", "content": "<image>\nq"}, {"role": "assistant", "content": "<image> 7"}]})");
+  CHECK_THROWS_WITH(make_sft_sample(typed, 6, ctx),
+                    HasSubstr("d.jsonl:6") && HasSubstr("2 <image> placeholder(s) in messages but 1"));
   auto no_asst = nlohmann::json::parse(R"({"messages": [{"role": "user", "content": "hi"}]})");
   CHECK_THROWS_WITH(make_sft_sample(no_asst, 3, ctx), HasSubstr("d.jsonl:3"));
   auto bad_role = nlohmann::json::parse(R"({"messages": [{"role": "bot", "content": "hi"}]})");

@@ -76,6 +76,9 @@ TEST_CASE("image files: truncated JPEG and PNG are refused with the path, whole 
   const auto png = encode(noise_image(), ".png");
   CHECK(load_image_rgb(write(dir.path / "whole.jpg", jpg).string()).size() == cv::Size(64, 48));
   CHECK(load_image_rgb(write(dir.path / "whole.png", png).string()).size() == cv::Size(64, 48));
+  // Non-ASCII paths (UTF-8 on Linux) load like any other.
+  fs::create_directories(dir.path / "图片");
+  CHECK(load_image_rgb(write(dir.path / "图片" / "数字.png", png).string()).size() == cv::Size(64, 48));
   // Cuts anywhere from 10% to 99% of the file (libjpeg would only warn and fill grey rows).
   for (double keep : {0.10, 0.50, 0.90, 0.99}) {
     INFO("kept " << keep);
