@@ -120,16 +120,14 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
   if (was_training) model->train();
   r.n_skipped = loader.n_skipped();
   if (sharded) {  // sum the counts, gather the predictions to rank 0 in line order
-    std::vector<torch::Tensor> t{torch::tensor(
-        std::vector<double>{static_cast<double>(r.n), static_cast<double>(r.n_correct),
-                            static_cast<double>(r.n_skipped)},
-        torch::kFloat64)};
-    for (double v : reward_sums) t.push_back(torch::tensor({v}, torch::kFloat64));
-    opts.pg->all_reduce_sum(t);
-    r.n = static_cast<int64_t>(t[0][0].item<double>());
-    r.n_correct = static_cast<int64_t>(t[0][1].item<double>());
-    r.n_skipped = static_cast<int64_t>(t[0][2].item<double>());
-    for (size_t k = 0; k < reward_sums.size(); ++k) reward_sums[k] = t[1 + k].item<double>();
+    std::vector<double> sums = {static_cast<double>(r.n), static_cast<double>(r.n_correct),
+                                static_cast<double>(r.n_skipped)};
+    sums.insert(sums.end(), reward_sums.begin(), reward_sums.end());
+    sums = dist::sum_over_ranks(opts.pg, std::move(sums));
+    r.n = static_cast<int64_t>(sums[0]);
+    r.n_correct = static_cast<int64_t>(sums[1]);
+    r.n_skipped = static_cast<int64_t>(sums[2]);
+    std::copy(sums.begin() + 3, sums.end(), reward_sums.begin());
     if (opts.gather_predictions) {
       std::string mine;
       for (const auto& [line, row] : rows) mine += std::to_string(line) + "\t" + row + "\n";
