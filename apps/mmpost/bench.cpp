@@ -71,8 +71,10 @@ int run_bench(const BenchArgs& a) {
   data::SampleContext ctx;
   ctx.tokenizer = &tokenizer;
   ctx.template_options = {data::ChatTemplate::kLlava, a.image_token_index, side * side, false};
-  ctx.image = {a.image_size, "shortest_edge_center_crop", a.interpolation, a.image_mean,
-               a.image_std};
+  ctx.image.image_size = a.image_size;
+  ctx.image.interpolation = a.interpolation;
+  ctx.image.image_mean = a.image_mean;
+  ctx.image.image_std = a.image_std;
   ctx.base_dir = std::filesystem::path(a.data).parent_path();
   ctx.source = a.data;
   ctx.max_length = a.max_length;

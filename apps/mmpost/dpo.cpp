@@ -147,7 +147,16 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
         return data::make_preference_sample(rec, line, train_ctx, limits,
                                             mdpo ? &corruption : nullptr, seed);
       });
-  const int64_t n_records = data::count_records(cfg.data.train);
+  // Every record checked before step 1 (schema, placeholders, lengths, image files), all bad
+  // ones reported at once; under on_bad_sample=skip the count is known up front.
+  data::SampleContext check_ctx = train_ctx;
+  check_ctx.load_images = false;
+  check_ctx.check_image_files = true;
+  const int64_t n_records =
+      data::validate_before_training(
+          cfg.data.train, [&](const nlohmann::json& rec, int64_t line) { data::make_preference_sample(rec, line, check_ctx, limits, nullptr, 0); },
+          cfg.data.on_bad_sample == "skip", cfg.data.num_workers, "dpo")
+          .n_records;
   const int64_t per_step =
       cfg.train.batch_size * cfg.train.gradient_accumulation_steps * run.world().world_size;
   const int64_t total_steps = train::total_steps_of(cfg.train, n_records, per_step);
@@ -171,6 +180,13 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
   eval_opts.num_workers = cfg.data.num_workers;
   eval_opts.skip_bad = cfg.data.on_bad_sample == "skip";
   eval_opts.limits = limits;
+  // Precomputed reference values must be what the training forward would give the same pair in
+  // any batch: only the padding-free forward guarantees that (bit-identical), so it comes on.
+  const bool padding_free = cfg.dpo.padding_free || cfg.dpo.precompute_ref_log_probs;
+  if (padding_free && !cfg.dpo.padding_free) {
+    log_info("dpo: padding_free forward (implied by precompute_ref_log_probs)");
+  }
+  eval_opts.padding_free = padding_free;
   std::optional<train::ReferenceLogpsCache> ref_cache, eval_ref_cache;
   if (!ref_free && cfg.dpo.precompute_ref_log_probs) {
     // Keyed by everything the values depend on, so a resumed run reuses them and a changed
@@ -181,7 +197,11 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
                               fs::absolute(path).string() + "|" + content_hash(path) + "|" +
                               std::to_string(limits.max_prompt_length) + "|" +
                               std::to_string(limits.max_completion_length) + "|" +
-                              std::to_string(limits.max_length) + "|" + dtype_name(ref_dtype);
+                              std::to_string(limits.max_length) + "|" + dtype_name(ref_dtype) +
+                              // the pixels the values were scored on: processor settings and size
+                              "|" + data::preprocessor_config_json(ctx.image).dump() + "|" +
+                              std::to_string(ctx.image.max_pixels) + "|" +
+                              (padding_free ? "padding_free" : "padded");
       return train::precompute_reference_logps(reference, ctx, path, eval_opts, device,
                                                ref_dtype, out / file, key, run.process_group());
     };
@@ -244,7 +264,8 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
       if (micro[a].empty()) continue;  // this rank's share of the window is empty
       const double n_pairs = pairs[a];
       auto b = data::collate_preference(micro[a], pad_id).to(device, dtype);
-      auto pol = train::preference_forward(model, b, loss_cfg.use_weighting, mdpo);  // [2B] rows
+      auto pol = train::preference_forward(model, b, loss_cfg.use_weighting, mdpo,
+                                           padding_free);  // [2B] rows
       algo::PreferenceLogps ref;
       torch::Tensor ref_chosen_corrupted;
       if (ref_cache) {
@@ -252,7 +273,7 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
       } else if (!ref_free) {
         torch::NoGradGuard no_grad;
         auto rb = ref_dtype == dtype ? b : b.to(device, ref_dtype);
-        auto r = train::preference_forward(reference, rb, false, mdpo);
+        auto r = train::preference_forward(reference, rb, false, mdpo, padding_free);
         ref = r.logps;
         ref_chosen_corrupted = r.chosen_corrupted;
       }

@@ -187,7 +187,16 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
       train_loader_options(cfg, run.world()), [&](const nlohmann::json& rec, int64_t line) {
         return make_rm_sample(rec, line, train_ctx, limits);
       });
-  const int64_t n_records = data::count_records(cfg.data.train);
+  // Every record checked before step 1 (schema, placeholders, lengths, image files), all bad
+  // ones reported at once; under on_bad_sample=skip the count is known up front.
+  data::SampleContext check_ctx = train_ctx;
+  check_ctx.load_images = false;
+  check_ctx.check_image_files = true;
+  const int64_t n_records =
+      data::validate_before_training(
+          cfg.data.train, [&](const nlohmann::json& rec, int64_t line) { make_rm_sample(rec, line, check_ctx, limits); },
+          cfg.data.on_bad_sample == "skip", cfg.data.num_workers, "rm")
+          .n_records;
   const int64_t per_step =
       cfg.train.batch_size * cfg.train.gradient_accumulation_steps * run.world().world_size;
   const int64_t total_steps = train::total_steps_of(cfg.train, n_records, per_step);

@@ -51,7 +51,16 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
       train_loader_options(cfg, run.world()), [&train_ctx](const nlohmann::json& rec, int64_t line, uint64_t seed) {
         return data::make_sft_sample(rec, line, train_ctx, /*prompt_only=*/false, seed);
       });
-  const int64_t n_records = data::count_records(cfg.data.train);
+  // Every record checked before step 1 (schema, placeholders, lengths, image files), all bad
+  // ones reported at once; under on_bad_sample=skip the count is known up front.
+  data::SampleContext check_ctx = train_ctx;
+  check_ctx.load_images = false;
+  check_ctx.check_image_files = true;
+  const int64_t n_records =
+      data::validate_before_training(
+          cfg.data.train, [&](const nlohmann::json& rec, int64_t line) { data::make_sft_sample(rec, line, check_ctx); },
+          cfg.data.on_bad_sample == "skip", cfg.data.num_workers, "sft")
+          .n_records;
   const int64_t world = run.world().world_size;
   const int64_t per_step = cfg.train.batch_size * cfg.train.gradient_accumulation_steps * world;
   const int64_t total_steps = train::total_steps_of(cfg.train, n_records, per_step);

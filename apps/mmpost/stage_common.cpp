@@ -80,21 +80,86 @@ int64_t pad_id_of(const data::Tokenizer& tok) {
   return tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
 }
 
+namespace {
+std::string gb(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f GB", static_cast<double>(bytes) / 1e9);
+  return buf;
+}
+}  // namespace
+
+void check_memory_fits(const model::VlmConfig& c, const config::ModelSection& m,
+                       const torch::Device& device, torch::Dtype dtype, const std::string& what,
+                       int64_t available_host) {
+  const auto n = model::param_counts(c);
+  int64_t trainable = n.total();
+  for (const auto& part : m.freeze) {
+    if (part == "vision_tower") trainable -= n.vision_tower;
+    if (part == "projector") trainable -= n.projector;
+    if (part == "language_model") trainable -= n.language_model;
+  }
+  const int64_t wb = static_cast<int64_t>(c10::elementSize(dtype));
+  const int64_t state = model::training_state_bytes(n.total(), trainable, wb);
+  // Built in float32 on the host first, then converted and moved.
+  const int64_t host = device.is_cpu() ? std::max(state, n.total() * 4) : n.total() * 4;
+  const std::string sizes =
+      what + " describes " + std::to_string(n.total()) + " parameters (vision_tower " +
+      std::to_string(n.vision_tower) + ", projector " + std::to_string(n.projector) +
+      ", language_model " + std::to_string(n.language_model) + "; " + std::to_string(trainable) +
+      " trainable): training in " + dtype_name(dtype) + " holds about " + gb(state) +
+      " (weights " + gb(n.total() * wb) + ", gradients and AdamW moments " +
+      gb(trainable * 3 * wb) + ") before activations";
+  const std::string hint =
+      "\n  hint: check the config's sizes (an empty text_config or vision_config takes "
+      "transformers' LLaVA-7B defaults), freeze parts (model.freeze), or raise model.max_memory_gb";
+  if (m.max_memory_gb > 0) {
+    MMPOST_CHECK_USAGE(static_cast<double>(state) <= m.max_memory_gb * 1e9, sizes,
+                       ", over model.max_memory_gb = ", m.max_memory_gb, hint);
+  }
+  if (available_host >= 0) {
+    MMPOST_CHECK_USAGE(host <= available_host, sizes, ", but ", gb(available_host),
+                       " of host memory is available", hint);
+  }
+}
+
 StageModel load_stage_model(const config::ModelSection& m, const config::ImageSection& img,
                             const std::optional<fs::path>& ckpt, const torch::Device& device,
                             torch::Dtype dtype, const std::string& stage) {
   StageModel sm;
   sm.tokenizer_path = m.tokenizer;
-  sm.image = {0, img.resize_mode, img.interpolation, img.image_mean, img.image_std};
+  sm.image.resize_mode = img.resize_mode;
+  sm.image.interpolation = img.interpolation;
+  sm.image.image_mean = img.image_mean;
+  sm.image.image_std = img.image_std;
   if (ckpt || !m.path.empty()) {
     sm.source = ckpt ? *ckpt : fs::path(m.path);
     log_info(stage + ": loading model from " + sm.source.string());
+    check_memory_fits(hub::read_model_config(sm.source), m, device, dtype,
+                      (sm.source / "config.json").string(), available_host_memory_bytes());
     auto p = hub::load_pretrained(sm.source);
     sm.model = p.model;
     if (sm.tokenizer_path.empty() || ckpt) sm.tokenizer_path = p.tokenizer_path;
-    if (fs::is_regular_file(sm.source / "preprocessor_config.json")) sm.image = p.image;
+    if (p.has_processor_config) {
+      // The folder's processor is what the model was trained with, and wins; a recipe value
+      // set away from the default and different from it is named, not silently dropped.
+      const config::ImageSection d;
+      auto note = [&](const std::string& key, bool set, bool differs) {
+        if (set && differs) {
+          log_warn("data.image." + key + ": the recipe's value is not used: " +
+                   sm.source.string() + "'s processor config sets it (the model's preprocessing)");
+        }
+      };
+      note("resize_mode", img.resize_mode != d.resize_mode, img.resize_mode != p.image.resize_mode);
+      note("interpolation", img.interpolation != d.interpolation,
+           img.interpolation != p.image.interpolation);
+      note("image_mean", img.image_mean != d.image_mean, img.image_mean != p.image.image_mean);
+      note("image_std", img.image_std != d.image_std, img.image_std != p.image.image_std);
+      sm.image = p.image;
+    }
   } else {
-    sm.model = model::build_vlm(model::vlm_config_from_json(m.config, "model.config"));  // seeded by the caller
+    const auto c = model::vlm_config_from_json(m.config, "model.config");
+    check_memory_fits(c, m, device, dtype, "model.config", available_host_memory_bytes());
+    sm.model = model::build_vlm(c);  // seeded by the caller
   }
   const auto& mcfg = sm.model->config();
   sm.image.image_size = mcfg.vision_config.image_size;
@@ -103,6 +168,9 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   MMPOST_CHECK_USAGE(!sm.tokenizer_path.empty(), "model.tokenizer: no tokenizer.model found",
                      "\n  hint: set model.tokenizer to a sentencepiece model");
   sm.tokenizer = std::make_unique<data::Tokenizer>(sm.tokenizer_path.string());
+  if (!sm.tokenizer->normalizer_note().empty()) {
+    log_warn(sm.tokenizer_path.string() + ": " + sm.tokenizer->normalizer_note());
+  }
   if (!sm.source.empty() && sm.tokenizer_path.parent_path() == sm.source) {
     hub::add_hf_added_tokens(*sm.tokenizer, sm.source);  // e.g. llava-hf's <image> 32000
   }

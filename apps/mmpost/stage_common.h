@@ -32,6 +32,15 @@ struct StageModel {
 /// from the folder's preprocessor_config.json when present, else from `image`. Freezes
 /// model.freeze, moves to device/dtype, train mode. Throws Error(kUsage) for a tokenizer that does
 /// not fit the model's vocabulary. `stage` prefixes the log lines.
+/// Refuses (Error kUsage, before anything is allocated) a model whose training state (weights,
+/// gradients, AdamW moments: model::training_state_bytes for `dtype`, frozen parts excluded) is
+/// over model.max_memory_gb, or whose host-side need exceeds `available_host` bytes (-1:
+/// unknown). The message gives the parameter
+/// counts per part and the sizes; `what` names the config ("model.config", a config.json path).
+void check_memory_fits(const model::VlmConfig& c, const config::ModelSection& m,
+                       const torch::Device& device, torch::Dtype dtype, const std::string& what,
+                       int64_t available_host);
+
 StageModel load_stage_model(const config::ModelSection& m, const config::ImageSection& image,
                             const std::optional<std::filesystem::path>& ckpt,
                             const torch::Device& device, torch::Dtype dtype,

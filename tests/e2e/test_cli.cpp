@@ -176,18 +176,50 @@ TEST_CASE("bad recipe key and bad data give the path and exit codes", "[e2e]") {
     // Rewrite image paths to absolute so the copy resolves them.
     auto pos = line.find("images/");
     line.replace(pos, 7, std::string(MMPOST_SOURCE_DIR) + "/data/digits-vqa/images/");
-    dst << (i == 3 ? std::string("{not json") : line) << "\n";
+    if (i == 17) line.replace(line.find(".png"), 4, "_missing.png");
+    dst << (i == 3 ? std::string("{not json") : i == 29 ? std::string(R"({"messages": []})") : line)
+        << "\n";
   }
   dst.close();
   std::string args = "sft -r recipes/tiny/sft-tiny.json --set data.eval='\"\"' train.max_steps=2 "
                      "data.shuffle_buffer=0 data.train=" + (dir / "train.jsonl").string() +
                      " --output " + (dir / "y").string();
+  // All three bad lines (malformed JSON, a missing image, empty messages) are reported by the
+  // validation pass before step 1, in one run.
   auto bad = run_mmpost(args, dir);
+  INFO(bad.err);
   CHECK(bad.code == 3);
-  CHECK(bad.err.find("train.jsonl:3") != std::string::npos);
+  CHECK(bad.err.find("3 of 40 records are bad (found before training)") != std::string::npos);
+  CHECK(bad.err.find("train.jsonl:3: malformed JSON") != std::string::npos);
+  CHECK(bad.err.find("train.jsonl:17: ") != std::string::npos);
+  CHECK(bad.err.find("_missing.png: image file not found") != std::string::npos);
+  CHECK(bad.err.find("train.jsonl:29: messages: expected a non-empty array") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir / "y" / "metrics.jsonl"));  // no step ran
   auto skip = run_mmpost(args + " --set data.on_bad_sample=skip --no-resume", dir);
   INFO(skip.err);
   CHECK(skip.code == 0);
+  CHECK(skip.err.find("3 of 40 records will be skipped") != std::string::npos);
   CHECK(skip.err.find("skipped: ") != std::string::npos);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("a model.config too large for the memory is refused before allocating", "[e2e]") {
+  // An empty text_config takes LlamaConfig's 7B defaults: refused with the sizes, exit 2, before
+  // any weight exists (this would otherwise be OOM-killed minutes later).
+  auto dir = tmpdir("toolarge");
+  auto r = run_mmpost("sft -r recipes/tiny/sft-tiny.json --set 'model.config.text_config={}' "
+                      "model.config.image_token_index=32000 --output " + (dir / "x").string(),
+                      dir);
+  INFO(r.err);
+  CHECK(r.code == 2);
+  CHECK(r.err.find("model.config describes ") != std::string::npos);
+  CHECK(r.err.find("language_model 6") != std::string::npos);  // 6.7e9 decoder parameters
+  CHECK(r.err.find("an empty text_config") != std::string::npos);
+  // A cap in the recipe refuses even a model that fits the machine, naming the cap.
+  auto capped = run_mmpost("sft -r recipes/tiny/sft-tiny.json --set model.max_memory_gb=0.0001 "
+                           "--output " + (dir / "y").string(), dir);
+  CHECK(capped.code == 2);
+  CHECK(capped.err.find("over model.max_memory_gb = 0.0001") != std::string::npos);
+  CHECK_FALSE(fs::exists(dir / "y" / "metrics.jsonl"));
   fs::remove_all(dir);
 }

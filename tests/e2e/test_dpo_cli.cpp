@@ -106,17 +106,29 @@ TEST_CASE("dpo: step-1 loss is ln 2 and a small batch is overfit for every seed"
   CHECK(fs::exists(run / "step_000040" / "DONE"));
   CHECK(fs::exists(run / "model.safetensors"));
 
-  // Precomputed reference log-probs: the same trajectory (same reference values, same order).
+  // Precomputed reference log-probs: the same trajectory as the live reference, step for step
+  // and bit for bit (same reference values, same order). Precomputing implies the padding-free
+  // forward, so the live run it is compared with uses it too.
   auto pre = dir.path / "dpo_pre";
   r = run_cli(common + " --output " + pre.string() + " --set dpo.precompute_ref_log_probs=true",
               dir.path / "log_pre");
   INFO(r.err);
   REQUIRE(r.code == 0);
   CHECK(fs::exists(pre / "ref_logps.safetensors"));
+  auto live = dir.path / "dpo_live_pf";
+  r = run_cli(common + " --output " + live.string() + " --set dpo.padding_free=true",
+              dir.path / "log_live_pf");
+  REQUIRE(r.code == 0);
   auto train_pre = metrics_with(pre / "metrics.jsonl", "rewards/accuracies");
+  auto train_live = metrics_with(live / "metrics.jsonl", "rewards/accuracies");
   REQUIRE(train_pre.size() == train.size());
-  CHECK(train_pre.back()["loss"].get<double>() ==
-        Approx(train.back()["loss"].get<double>()).epsilon(1e-4));
+  REQUIRE(train_live.size() == train.size());
+  for (size_t i = 0; i < train_pre.size(); ++i) {
+    INFO("log row " << i);
+    for (const char* k : {"loss", "rewards/chosen", "rewards/rejected", "grad_norm"}) {
+      CHECK(train_pre[i][k].get<double>() == train_live[i][k].get<double>());
+    }
+  }
 
   // `mmpost eval` on preference JSONL: the reward accuracy against the reference.
   r = run_cli("eval --model " + run.string() + " --ref-model " + sft.string() + " --data " +
@@ -138,4 +150,40 @@ TEST_CASE("dpo: step-1 loss is ln 2 and a small batch is overfit for every seed"
               dir.path / "log_bad");
   CHECK(r.code == 3);
   CHECK_THAT(r.err, HasSubstr("prefs.jsonl:5") && HasSubstr("missing \"rejected\""));
+}
+
+TEST_CASE("dpo: precomputed reference log-probs equal the policy's at step 1, whatever the "
+          "batching", "[e2e]") {
+  // At step 1 the policy is the reference, so every reward beta * (logp - ref_logp) is 0 and
+  // rewards/accuracies is 0, if the precompute pass (file order, its own batches and padding)
+  // gives exactly the values the training forward gives in shuffled batches. The padding-free
+  // forward (each row at its own length, its images alone) makes a row's logps independent of
+  // its batch; a padded forward differs by ~1e-5 nats, enough for accuracies of 0.1-0.2.
+  TempDir dir("dpo_pre_exact");
+  const auto start = dir.path / "start";
+  // Wider than the tiny recipe: at hidden size 32 the padded GEMMs happen to round alike; at 256
+  // (2 threads) the padded forward's step-1 accuracies read 0.17 instead of 0.
+  auto r = run_cli("sft -r recipes/tiny/sft-tiny.json --output " + start.string() +
+                       " --set data.eval= train.max_steps=1 model.config.text_config.hidden_size=256"
+                       " model.config.text_config.intermediate_size=704"
+                       " model.config.text_config.num_attention_heads=4"
+                       " model.config.vision_config.hidden_size=128"
+                       " model.config.vision_config.intermediate_size=256",
+                   dir.path / "log_start");
+  REQUIRE(r.code == 0);
+  auto prefs = write_prefs(dir.path, /*bad_line=*/0, /*n=*/48);
+  auto out = dir.path / "pre";
+  r = run_cli("dpo -r recipes/tiny/dpo-tiny.json --no-resume --set model.path=" +
+                       start.string() + " data.train=" + prefs.string() + " data.eval=" +
+                       prefs.string() + " dpo.precompute_ref_log_probs=true train.max_steps=1 "
+                       "train.log_every_n_steps=1 train.batch_size=12 num_threads=2 --output " + out.string(),
+                   dir.path / "log");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto rows = metrics_with(out / "metrics.jsonl", "rewards/accuracies");
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0]["rewards/chosen"].get<double>() == 0.0);
+  CHECK(rows[0]["rewards/rejected"].get<double>() == 0.0);
+  CHECK(rows[0]["rewards/accuracies"].get<double>() == 0.0);
+  CHECK(rows[0]["loss"].get<double>() == Approx(std::log(2.0)).margin(1e-7));
 }

@@ -368,3 +368,45 @@ TEST_CASE("random_shift translates by at most N pixels, deterministically per se
   CHECK(sample_seed(1, 0, 5) != sample_seed(1, 1, 5));
   CHECK(sample_seed(1, 0, 5) != sample_seed(1, 0, 6));
 }
+
+TEST_CASE("validation pass: every bad record in file order, capped, whatever the threads",
+          "[unit][data]") {
+  const fs::path dir = fs::temp_directory_path() / ("mmpost_validate_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path file = dir / "d.jsonl";
+  {
+    std::ofstream out(file);
+    for (int i = 1; i <= 10000; ++i) {
+      if (i == 5000) out << "\n";  // a blank line: skipped, but it keeps the line numbers
+      else if (i % 997 == 0) out << "{broken\n";
+      else out << R"({"n": )" << i << "}\n";
+    }
+  }
+  // The check refuses n divisible by 1500 (lines 1500, 3000, ... as written).
+  auto check = [&](const nlohmann::json& r, int64_t line) {
+    MMPOST_CHECK_DATA(r["n"].get<int>() % 1500 != 0, file.string(), ":", line, ": n is a multiple of 1500");
+  };
+  for (int64_t workers : {1, 3}) {
+    const auto rep = validate_records(file.string(), check, workers, /*max_errors=*/5);
+    INFO("workers " << workers);
+    CHECK(rep.n_records == 9999);
+    // 10 lines of "{broken" (997 ... 9970) and 6 multiples of 1500 (1500 ... 9000).
+    CHECK(rep.n_bad == 16);
+    REQUIRE(rep.errors.size() == 5);
+    CHECK(rep.errors[0].rfind(file.string() + ":997: malformed JSON", 0) == 0);
+    CHECK(rep.errors[1] == file.string() + ":1500: n is a multiple of 1500");
+    CHECK(rep.errors[2].rfind(file.string() + ":1994: malformed JSON", 0) == 0);
+    CHECK(rep.errors[3].rfind(file.string() + ":2991: malformed JSON", 0) == 0);
+    CHECK(rep.errors[4] == file.string() + ":3000: n is a multiple of 1500");
+  }
+  try {
+    validate_before_training(file.string(), check, /*skip_bad=*/false, 2, "test", 2);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.kind() == ErrorKind::kData);
+    CHECK(e.message().find("16 of 9999 records are bad") != std::string::npos);
+    CHECK(e.message().find("... and 14 more") != std::string::npos);
+  }
+  CHECK(validate_before_training(file.string(), check, /*skip_bad=*/true, 2, "test").n_bad == 16);
+  fs::remove_all(dir);
+}

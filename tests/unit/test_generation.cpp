@@ -285,3 +285,66 @@ TEST_CASE("truncated marks rows that used the whole budget without EOS", "[unit]
     CHECK(out.lengths[i].item<int64_t>() == first_end_of(full, {eos}));
   }
 }
+
+#include "mmpost/train/rollout.h"
+
+TEST_CASE("behaviour log-probs recorded at sampling time equal the training forward's at any "
+          "temperature", "[unit][model]") {
+  // Tracker kind: behaviour log-probs computed without the sampling temperature while the update
+  // uses it (or the reverse) give importance ratios != 1 on policy. mmpost's convention: both
+  // score the sampled token under the untempered model (temperature 1, no top-k/top-p), however
+  // it was sampled; TRL's GRPOTrainer scores both under logits / temperature. Either agrees with
+  // itself; this pins mmpost's, and that a temperature never enters one side only.
+  torch::manual_seed(3);
+  Vlm model(tiny_config());
+  auto p = mixed_prompts();
+  std::vector<mmpost::data::SftSample> samples(3);
+  int64_t img = 0;
+  for (int64_t i = 0; i < 3; ++i) {
+    const auto row = row_of(p.ids, i);
+    for (size_t t = 0; t < row.size(); ++t) {
+      if (p.mask[i][t].item<int64_t>() == 1) samples[i].input_ids.push_back(row[t]);
+    }
+    samples[i].labels.assign(samples[i].input_ids.size(), -100);
+    if (p.image_counts[i] > 0) samples[i].pixel_values = p.pixels.narrow(0, img, p.image_counts[i]);
+    img += p.image_counts[i];
+  }
+  for (double temperature : {0.3, 1.0, 1.7}) {
+    GenerationConfig g;
+    g.max_new_tokens = 8;
+    g.temperature = temperature;
+    g.seed = 5;
+    auto r = mmpost::train::sample_rollout(model, samples, {0, 1, 2}, /*G=*/2, g, kPad,
+                                           torch::kCPU, torch::kFloat32);
+    torch::NoGradGuard no_grad;
+    auto fwd = mmpost::train::completion_forward(model, r, 0, r.P, /*keep_logits=*/true);
+    INFO("temperature " << temperature);
+    const double diff = ((fwd.logps - r.old_logps) * r.mask).abs().max().item<double>();
+    CHECK(diff < 1e-5);  // KV-cache steps vs one teacher-forced pass: same values up to rounding
+    // ... and they are the untempered log-probs, not log_softmax(logits / temperature).
+    auto labels = r.completion.masked_fill(r.mask.eq(0), 0).unsqueeze(-1);
+    auto tempered = (fwd.logits / temperature).log_softmax(-1).gather(-1, labels).squeeze(-1);
+    const double to_tempered = ((tempered - r.old_logps) * r.mask).abs().max().item<double>();
+    if (temperature != 1.0) CHECK(to_tempered > 1e-3);
+  }
+}
+
+TEST_CASE("the image placeholder is never sampled, even from a near-uniform distribution",
+          "[unit][model]") {
+  // Tracker kind: a rollout policy emitting the image token, which the next forward would try to
+  // splice an image into. At temperature 100 the 64 tokens are drawn almost uniformly: 6 rows x
+  // 60 draws would hit token 63 about 5.6 times if it were not masked.
+  torch::manual_seed(2);
+  Vlm model(tiny_config());
+  auto p = mixed_prompts();
+  auto rep = repeat_interleave_batch(p.ids, p.mask, p.pixels, p.image_counts, 2);
+  GenerationConfig g;
+  g.max_new_tokens = 60;
+  g.temperature = 100.0;
+  g.seed = 4;
+  auto out = generate(model, rep.input_ids, rep.attention_mask, rep.pixel_values, g);
+  CHECK(out.sequences.size(1) == 60);
+  CHECK(out.sequences.eq(kImage).sum().item<int64_t>() == 0);
+  // The draws do reach the top of the vocabulary (ids 55-62 appear), so the absence is the mask.
+  CHECK(out.sequences.ge(55).logical_and(out.sequences.lt(kImage)).sum().item<int64_t>() > 20);
+}

@@ -376,3 +376,30 @@ TEST_CASE("config.json: HF defaults, round trip, refused values name the field",
   refuse(R"({"text_config": {"hidden_size": "big"}})",
          "text_config.hidden_size: expected a number");
 }
+
+TEST_CASE("param_counts from the config equal the built model's parameters, per part",
+          "[unit][model]") {
+  for (int variant = 0; variant < 3; ++variant) {
+    VlmConfig c = tiny_config(/*tie=*/variant == 1);
+    if (variant == 2) c.multimodal_projector_bias = false;
+    auto m = build_vlm(c);
+    auto count = [](const torch::nn::Module& mod) {
+      int64_t n = 0;
+      for (const auto& p : mod.parameters()) n += p.numel();
+      return n;
+    };
+    const ParamCounts n = param_counts(c);
+    INFO("variant " << variant);
+    CHECK(n.vision_tower == count(*m->vision_tower));
+    CHECK(n.projector == count(*m->multi_modal_projector));
+    CHECK(n.language_model == count(*m->language_model));
+    CHECK(n.total() == count(*m));
+  }
+  // LLaVA-1.5-7B as transformers builds it from an empty LlavaConfig: 7,062,902,784 parameters
+  // (LlavaForConditionalGeneration(LlavaConfig()).num_parameters(), transformers 5.24).
+  VlmConfig hf_default = vlm_config_from_json(nlohmann::json::object());
+  CHECK(num_params(hf_default) == 7062902784);
+  // fp32 AdamW: 4 bytes of weights + 12 of gradient and moments per trainable parameter.
+  CHECK(training_state_bytes(1000, 600, 4) == 4000 + 600 * 12);
+  CHECK(training_state_bytes(1000, 1000, 2) == 8000);
+}

@@ -23,7 +23,10 @@ SampleContext make_ctx(const Tokenizer& tok) {
   SampleContext ctx;
   ctx.tokenizer = &tok;
   ctx.template_options = {ChatTemplate::kLlava, /*image_token_id=*/4, /*n_image_tokens=*/4, false};
-  ctx.image = {8, "shortest_edge_center_crop", "area", {0.5, 0.5, 0.5}, {0.5, 0.5, 0.5}};
+  ctx.image.image_size = 8;
+  ctx.image.interpolation = "area";
+  ctx.image.image_mean = {0.5, 0.5, 0.5};
+  ctx.image.image_std = {0.5, 0.5, 0.5};
   ctx.base_dir = kDigits;
   ctx.source = "prefs.jsonl";
   ctx.max_length = 64;

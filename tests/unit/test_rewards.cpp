@@ -257,3 +257,27 @@ TEST_CASE("rewards: score_all returns each function and the weighted total", "[u
                ErrorKind::kData),
       HasSubstr("reward numeric_match, row 1: numeric_match: reference '?' holds no number"));
 }
+
+TEST_CASE("rewards: a reward of 0.0 is a score, never a missing value", "[unit][rewards]") {
+  // Tracker kind: `if reward:` / `reward or None` dropping 0.0 as if the function had not scored
+  // the row, which shifts group means and advantages. Here "0", "0.0" and "-0" are scores that
+  // count in the total and the mean; an empty line is refused (no silent default).
+  std::vector<algo::ExternalItem> items = {
+      {"0", "p", "a", "1"}, {"1", "p", "b", "1"}, {"2", "p", "c", "1"}, {"3", "p", "d", "1"}};
+  auto v = algo::external_scores("printf '0\\n0.0\\n-0\\n1\\n'", items);
+  CHECK(v == std::vector<float>{0.0f, 0.0f, 0.0f, 1.0f});
+  auto specs = algo::parse_reward_specs(J(R"([
+      {"name": "external", "weight": 1.0, "params": {"command": "printf '0\\n0.0\\n-0\\n1\\n'"}},
+      {"name": "external", "weight": 2.0, "params": {"command": "printf '0\\n1\\n0\\n0\\n'"}}])"));
+  auto out = algo::score_all(specs, {"a", "b", "c", "d"}, {"1", "1", "1", "1"},
+                             std::vector<std::string>(4, "p"), {});
+  // Totals 0, 2, 0, 1: the mean over all four rows is 3/4 (a reward skipping zeros would give
+  // 1.5 over the two non-zero rows).
+  CHECK(out.total[0].item<float>() == 0.0f);
+  CHECK(out.total[1].item<float>() == 2.0f);
+  CHECK(out.total.mean().item<float>() == Approx(0.75));
+  CHECK(out.values[0].mean().item<float>() == Approx(0.25));
+  CHECK_THAT(error_of([&] { algo::external_scores("printf '1\\n\\n3\\n4\\n'", items); },
+                      ErrorKind::kRuntime),
+             HasSubstr("stdout line 2 is ''"));
+}

@@ -16,12 +16,16 @@ struct ModelSection {
   nlohmann::json config;       // inline HF LlavaConfig JSON (random init) when path is empty
   std::string tokenizer;       // sentencepiece model; defaults to PATH/tokenizer.model
   std::vector<std::string> freeze;  // parts to freeze: vision_tower, projector, language_model
+  double max_memory_gb = 0;    // cap on the training-state estimate (0: available host memory)
   template <class V>
   void visit(V& v) {
     v("path", path, "HF-layout model folder to start from (empty: random init from config)");
     v("config", config, "inline HF LlavaConfig (vision_config, text_config, ...) for random init");
     v("tokenizer", tokenizer, "sentencepiece tokenizer.model (default: <path>/tokenizer.model)");
     v("freeze", freeze, "parts to freeze: vision_tower | projector | language_model");
+    v("max_memory_gb", max_memory_gb,
+      "refuse before allocating when weights + gradients + AdamW moments exceed this many GB "
+      "(0: the host memory available, on CPU)");
   }
 };
 
@@ -237,6 +241,7 @@ struct DpoSection {
   std::string ref_model;             // empty: frozen copy of the starting policy
   std::string ref_dtype;             // empty: same as dtype; float32 | bfloat16
   bool precompute_ref_log_probs = false;
+  bool padding_free = false;         // rows run alone, unpadded (on with precompute_ref_log_probs)
   MdpoSection mdpo;
   template <class V>
   void visit(V& v) {
@@ -257,7 +262,11 @@ struct DpoSection {
     v("ref_model", ref_model, "reference model folder (empty: frozen copy of the start policy)");
     v("ref_dtype", ref_dtype, "reference dtype: float32 | bfloat16 (empty: as dtype)");
     v("precompute_ref_log_probs", precompute_ref_log_probs,
-      "score the reference once before training, cache next to the run, drop the model");
+      "score the reference once before training, cache next to the run, drop the model "
+      "(implies padding_free, so the cached values equal the live ones exactly)");
+    v("padding_free", padding_free,
+      "each sequence runs alone at its own length: log-probs independent of batching and "
+      "padding (slower: rows are not batched)");
     v("mdpo", mdpo, "multimodal DPO terms");
   }
 };

@@ -1,6 +1,8 @@
 // Device/dtype parsing and seeding (see device.h).
 #include "mmpost/core/device.h"
 
+#include <fstream>
+
 #include "mmpost/core/check.h"
 
 namespace mmpost {
@@ -62,6 +64,37 @@ void seed_everything(uint64_t seed) {
 std::string describe_device(const torch::Device& device) {
   if (device.is_cpu()) return "cpu (" + std::to_string(torch::get_num_threads()) + " threads)";
   return device.str();
+}
+
+int64_t available_host_memory_bytes() {
+  int64_t avail = -1;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    int64_t kb = 0;
+    std::string unit;
+    while (in >> key >> kb >> unit) {
+      if (key == "MemAvailable:") {
+        avail = kb * 1024;
+        break;
+      }
+    }
+  }
+  // cgroup v2: the limit of this process's own group (its path from /proc/self/cgroup "0::/...").
+  std::ifstream cg("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(cg, line)) {
+    if (line.rfind("0::", 0) != 0) continue;
+    const std::string dir = "/sys/fs/cgroup" + line.substr(3);
+    std::ifstream max_in(dir + "/memory.max"), cur_in(dir + "/memory.current");
+    std::string max_s;
+    int64_t cur = 0;
+    if (max_in >> max_s && max_s != "max" && cur_in >> cur) {
+      const int64_t headroom = std::max<int64_t>(0, std::stoll(max_s) - cur);
+      avail = avail < 0 ? headroom : std::min(avail, headroom);
+    }
+  }
+  return avail;
 }
 
 }  // namespace mmpost

@@ -26,4 +26,9 @@ void seed_everything(uint64_t seed);
 /// Short device description for logs: "cpu (N threads)" (torch intra-op threads) or "cuda:K".
 std::string describe_device(const torch::Device& device);
 
+/// Bytes this process may still allocate in host memory: /proc/meminfo MemAvailable, lowered to
+/// the cgroup v2 headroom (memory.max - memory.current, e.g. a Slurm job's --mem) when one is
+/// set. -1 when neither can be read.
+int64_t available_host_memory_bytes();
+
 }  // namespace mmpost

@@ -52,8 +52,10 @@ EncodedConversation encode_conversation(const std::vector<Message>& messages,
     case ChatTemplate::kLlava: segs = segments_llava(messages, opts.add_generation_prompt); break;
   }
   EncodedConversation out;
-  out.input_ids.push_back(tokenizer.bos_id());
-  out.labels.push_back(algo::kIgnoreIndex);
+  if (tokenizer.add_bos()) {
+    out.input_ids.push_back(tokenizer.bos_id());
+    out.labels.push_back(algo::kIgnoreIndex);
+  }
   bool first_text = true;
   for (const auto& seg : segs) {
     std::vector<int64_t> ids;

@@ -318,4 +318,29 @@ class StreamingLoader {
 /// Counts the records (non-blank lines) of a JSONL file that fall to `rank`.
 int64_t count_records(const std::string& path, int rank = 0, int world_size = 1);
 
+/// The result of validate_records: every record checked, bad ones listed in file order.
+struct ValidationReport {
+  int64_t n_records = 0;            // non-blank lines
+  int64_t n_bad = 0;                // malformed or refused by the check
+  std::vector<std::string> errors;  // "FILE:LINE: reason" of the first max_errors bad records
+  double seconds = 0;
+};
+
+/// One streaming pass over a JSONL file before training: each line is parsed (io::JsonlReader,
+/// so malformed JSON reads as the loader reports it) and handed to `check(record, line)` on
+/// `num_workers` threads; `check` throws Error(kData) "FILE:LINE: reason" for a bad record (the
+/// stage's own sample builder, without decoding images). Memory stays bounded (chunks of 4096
+/// records). Throws only for an unreadable file; bad records are reported, not thrown.
+ValidationReport validate_records(const std::string& path,
+                                  const std::function<void(const nlohmann::json&, int64_t)>& check,
+                                  int64_t num_workers = 2, int64_t max_errors = 20);
+
+/// Runs validate_records on `path` and acts on it before step 1: logs the pass ("N records
+/// checked in S s"); with bad records and !skip_bad throws Error(kData) listing every one (up to
+/// max_errors, then "... and K more") with FILE:LINE and the reason; with skip_bad logs how many
+/// records will be skipped and returns the report. `what` names the stage in logs.
+ValidationReport validate_before_training(
+    const std::string& path, const std::function<void(const nlohmann::json&, int64_t)>& check,
+    bool skip_bad, int64_t num_workers, const std::string& what, int64_t max_errors = 20);
+
 }  // namespace mmpost::data

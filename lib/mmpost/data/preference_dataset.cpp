@@ -149,6 +149,7 @@ PreferenceSample make_preference_sample(const nlohmann::json& record, int64_t li
   MMPOST_CHECK_DATA(has_label(s.chosen_labels) && has_label(s.rejected_labels), where,
                     ": a completion has no supervised token left after truncation");
 
+  check_image_files(images, ctx, where);
   if (ctx.load_images) {
     s.pixel_values = load_sample_images(images, ctx, where, sample_seed);
     if (corruption != nullptr && s.pixel_values.defined()) {

@@ -51,6 +51,18 @@ torch::Tensor load_sample_images(const std::vector<std::string>& images, const S
   return torch::stack(pix);  // [N, 3, H, W]
 }
 
+void check_image_files(const std::vector<std::string>& images, const SampleContext& ctx,
+                       const std::string& where) {
+  if (ctx.load_images || !ctx.check_image_files) return;
+  for (const auto& rel : images) {
+    std::filesystem::path p = rel;
+    if (p.is_relative()) p = ctx.base_dir / p;
+    std::error_code ec;
+    MMPOST_CHECK_DATA(std::filesystem::is_regular_file(p, ec), where, ": ", p.string(),
+                      ": image file not found");
+  }
+}
+
 std::vector<Message> parse_messages(const nlohmann::json& messages, const std::string& where,
                                     const std::string& field) {
   MMPOST_CHECK_DATA(messages.is_array() && !messages.empty(), where, ": ", field,
@@ -170,6 +182,7 @@ SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const Samp
   s.labels = std::move(enc.labels);
 
   if (ctx.load_images) s.pixel_values = load_sample_images(images, ctx, where, sample_seed);
+  check_image_files(images, ctx, where);
   return s;
 }
 

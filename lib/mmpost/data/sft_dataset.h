@@ -37,6 +37,7 @@ struct SampleContext {
   std::string source;                // JSONL path, for error messages
   int64_t max_length = 512;
   bool load_images = true;           // false: count/validate only (tests, inspect)
+  bool check_image_files = false;    // with load_images false: each image must exist (a file)
   int64_t random_shift = 0;          // training augmentation: max translation in pixels (0 = off)
 };
 
@@ -56,6 +57,11 @@ std::vector<std::string> parse_image_paths(const nlohmann::json& record, const s
 /// "WHERE: ..." for a missing or corrupt image.
 torch::Tensor load_sample_images(const std::vector<std::string>& images, const SampleContext& ctx,
                                 const std::string& where, uint64_t sample_seed = 0);
+
+/// With !ctx.load_images && ctx.check_image_files: throws Error(kData) "WHERE: PATH: image file
+/// not found" (as decoding would) for an image that is not a file (the validation pass, which decodes nothing).
+void check_image_files(const std::vector<std::string>& images, const SampleContext& ctx,
+                       const std::string& where);
 
 /// Record -> SftSample. Validates the schema, that the number of "<image>" placeholders equals
 /// len(images), that at least one assistant turn exists, that images decode, and truncates to

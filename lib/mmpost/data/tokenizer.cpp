@@ -10,6 +10,123 @@
 #include "mmpost/core/check.h"
 
 namespace mmpost::data {
+namespace {
+
+// ---- sentencepiece ModelProto, read and rewritten at the protobuf wire level ----------------
+// (sentencepiece_model.proto: ModelProto field 3 is the NormalizerSpec; in it 1 name,
+// 2 precompiled_charsmap, 3 add_dummy_prefix, 4 remove_extra_whitespaces, 5 escape_whitespaces,
+// 6 normalization_rule_tsv.) libsentencepiece does not install the generated protobuf headers.
+
+/// Reads a base-128 varint at `pos`; false when the bytes end first.
+bool read_varint(const std::string& b, size_t& pos, uint64_t& v) {
+  v = 0;
+  for (int shift = 0; shift < 64 && pos < b.size(); shift += 7) {
+    const auto byte = static_cast<uint8_t>(b[pos++]);
+    v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if (!(byte & 0x80)) return true;
+  }
+  return false;
+}
+
+void write_varint(std::string& out, uint64_t v) {
+  do {
+    uint8_t byte = v & 0x7f;
+    v >>= 7;
+    out.push_back(static_cast<char>(v ? byte | 0x80 : byte));
+  } while (v);
+}
+
+/// One field of a protobuf message: number, wire type, and its bytes [begin, end) in the
+/// message (the whole field, key included) plus the payload of a length-delimited field.
+struct Field {
+  uint32_t number = 0, wire = 0;
+  size_t begin = 0, end = 0;
+  uint64_t varint = 0;
+  std::string payload;
+};
+
+/// The top-level fields of a message; throws std::runtime_error on a malformed encoding.
+std::vector<Field> parse_fields(const std::string& b) {
+  std::vector<Field> out;
+  size_t pos = 0;
+  while (pos < b.size()) {
+    Field f;
+    f.begin = pos;
+    uint64_t key = 0;
+    if (!read_varint(b, pos, key)) throw std::runtime_error("truncated field key");
+    f.number = static_cast<uint32_t>(key >> 3);
+    f.wire = static_cast<uint32_t>(key & 7);
+    if (f.wire == 0) {
+      if (!read_varint(b, pos, f.varint)) throw std::runtime_error("truncated varint");
+    } else if (f.wire == 2) {
+      uint64_t len = 0;
+      if (!read_varint(b, pos, len) || len > b.size() - pos) throw std::runtime_error("truncated bytes");
+      f.payload = b.substr(pos, len);
+      pos += len;
+    } else if (f.wire == 1 || f.wire == 5) {
+      pos += f.wire == 1 ? 8 : 4;
+      if (pos > b.size()) throw std::runtime_error("truncated fixed field");
+    } else {
+      throw std::runtime_error("unsupported wire type " + std::to_string(f.wire));
+    }
+    f.end = pos;
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+/// What a model's NormalizerSpec asks for (proto defaults where a field is absent).
+struct NormalizerSpec {
+  std::string name;
+  bool has_charsmap = false, has_rule_tsv = false;
+  bool add_dummy_prefix = true, remove_extra_whitespaces = true, escape_whitespaces = true;
+  bool changes_text() const { return has_charsmap || has_rule_tsv || remove_extra_whitespaces; }
+};
+
+NormalizerSpec read_normalizer(const std::string& payload) {
+  NormalizerSpec n;
+  for (const Field& f : parse_fields(payload)) {
+    if (f.number == 1 && f.wire == 2) n.name = f.payload;
+    if (f.number == 2 && f.wire == 2) n.has_charsmap = !f.payload.empty();
+    if (f.number == 6 && f.wire == 2) n.has_rule_tsv = !f.payload.empty();
+    if (f.number == 3 && f.wire == 0) n.add_dummy_prefix = f.varint != 0;
+    if (f.number == 4 && f.wire == 0) n.remove_extra_whitespaces = f.varint != 0;
+    if (f.number == 5 && f.wire == 0) n.escape_whitespaces = f.varint != 0;
+  }
+  return n;
+}
+
+/// `model` with its NormalizerSpec replaced by the identity (no charsmap, no whitespace removal),
+/// keeping add_dummy_prefix and escape_whitespaces: what transformers' Llama tokenizer conversion
+/// applies, whatever the sentencepiece model was trained with. Sets `*was` to the old spec.
+std::string with_identity_normalizer(const std::string& model, NormalizerSpec* was) {
+  std::string out;
+  bool replaced = false;
+  for (const Field& f : parse_fields(model)) {
+    if (f.number != 3 || f.wire != 2) {
+      out.append(model, f.begin, f.end - f.begin);
+      continue;
+    }
+    *was = read_normalizer(f.payload);
+    std::string spec;
+    spec.push_back(static_cast<char>((1 << 3) | 2));  // name = "identity"
+    write_varint(spec, 8);
+    spec += "identity";
+    for (auto [number, value] : {std::pair<int, bool>{3, was->add_dummy_prefix},
+                                 {4, false}, {5, was->escape_whitespaces}}) {
+      spec.push_back(static_cast<char>(number << 3));
+      spec.push_back(value ? 1 : 0);
+    }
+    out.push_back(static_cast<char>((3 << 3) | 2));
+    write_varint(out, spec.size());
+    out += spec;
+    replaced = true;
+  }
+  if (!replaced) *was = NormalizerSpec{};  // no spec: proto defaults (whitespace removal on)
+  return out;
+}
+
+}  // namespace
 
 Tokenizer::Tokenizer(const std::string& model_path)
     : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), path_(model_path) {
@@ -20,7 +137,23 @@ Tokenizer::Tokenizer(const std::string& model_path)
     MMPOST_CHECK_USAGE(in.good(), model_path, ": cannot read tokenizer model");
     model_bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
-  auto status = sp_->LoadFromSerializedProto(model_bytes_);
+  // transformers reads a Llama tokenizer.model through its tokenizers conversion, which applies
+  // no normalizer (neither the NFKC charsmap nor sentencepiece's whitespace squeezing); encode
+  // the same way, or ids drift from the reference on such text.
+  std::string effective;
+  NormalizerSpec spec;
+  try {
+    effective = with_identity_normalizer(model_bytes_, &spec);
+  } catch (const std::exception& e) {
+    throw Error(ErrorKind::kUsage, model_path + ": not a sentencepiece model (" + e.what() + ")");
+  }
+  if (spec.changes_text()) {
+    normalizer_note_ = "normalizer \"" + (spec.name.empty() ? std::string("nmt_nfkc") : spec.name) +
+                       "\"" + (spec.remove_extra_whitespaces ? " with remove_extra_whitespaces" : "") +
+                       " not applied: transformers' LlamaTokenizer conversion ignores it, and "
+                       "mmpost encodes as transformers does";
+  }
+  auto status = sp_->LoadFromSerializedProto(effective);
   MMPOST_CHECK_USAGE(status.ok(), model_path, ": cannot load sentencepiece model: ",
                      status.ToString());
   bos_id_ = sp_->bos_id();
@@ -88,7 +221,7 @@ std::vector<int64_t> Tokenizer::encode(const std::string& text, bool add_dummy_p
       }
     }
     std::string chunk = text.substr(pos, best == std::string::npos ? std::string::npos : best - pos);
-    auto ids = encode_plain(chunk, first && add_dummy_prefix);
+    auto ids = encode_plain(chunk, (first || legacy_) && add_dummy_prefix);
     out.insert(out.end(), ids.begin(), ids.end());
     if (hit == nullptr) break;
     out.push_back(hit->second);

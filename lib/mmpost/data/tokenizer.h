@@ -18,8 +18,14 @@ namespace mmpost::data {
 /// Wraps sentencepiece::SentencePieceProcessor (libsentencepiece). Thread-safe for encode/decode.
 class Tokenizer {
  public:
-  /// Loads a tokenizer.model. Throws Error(kUsage) naming the path if it cannot be read.
+  /// Loads a tokenizer.model. Its normalizer (NFKC charsmap, remove_extra_whitespaces) is
+  /// replaced by the identity, as transformers' LlamaTokenizer (tokenizers conversion, 5.x)
+  /// ignores it: ids then equal transformers' for any text (normalizer_note() says what was
+  /// dropped). Throws Error(kUsage) naming the path if it cannot be read or parsed.
   explicit Tokenizer(const std::string& model_path);
+  /// Empty, or what the model's own normalizer would have done that mmpost (as transformers)
+  /// does not, for a warning.
+  const std::string& normalizer_note() const { return normalizer_note_; }
   ~Tokenizer();
 
   /// Registers a special token (e.g. "<image>") with a fixed id; if the sentencepiece model
@@ -50,6 +56,15 @@ class Tokenizer {
   int64_t eos_id() const { return eos_id_; }
   int64_t pad_id() const { return pad_id_; }
   int64_t unk_id() const { return unk_id_; }
+  /// transformers' LlamaTokenizer `legacy` flag (tokenizer_config.json): false (default,
+  /// Metaspace prepend_scheme "first") gives only the first text chunk the "▁" prefix; true
+  /// ("always") gives every chunk between special tokens one, unless it starts with a space.
+  void set_legacy(bool legacy) { legacy_ = legacy; }
+  /// Whether a conversation starts with BOS (tokenizer.json's post_processor: [<s>, $A] yes,
+  /// [$A] or none no). Default true, as transformers' conversion of a tokenizer.model.
+  void set_add_bos(bool add_bos) { add_bos_ = add_bos; }
+  bool add_bos() const { return add_bos_; }
+  bool legacy() const { return legacy_; }
   /// Overrides the pad id (HF checkpoints often define <pad> as an added token).
   void set_pad_id(int64_t id) { pad_id_ = id; }
   const std::string& path() const { return path_; }
@@ -63,6 +78,9 @@ class Tokenizer {
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
   std::string path_;
   std::string model_bytes_;
+  std::string normalizer_note_;
+  bool legacy_ = false;
+  bool add_bos_ = true;
   std::map<std::string, int64_t> specials_;  // text -> id
   std::map<int64_t, std::string> special_text_;
   int64_t bos_id_ = 1, eos_id_ = 2, pad_id_ = -1, unk_id_ = 0;

@@ -23,40 +23,30 @@ nlohmann::json read_json(const fs::path& path) {
 }
 }  // namespace
 
-namespace {
-/// Parameter count a config implies (weights only, biases and norms ignored): enough to catch a
-/// config that does not describe the stored weights before allocating the model.
-int64_t approx_num_params(const model::VlmConfig& c) {
-  const auto& v = c.vision_config;
-  const auto& t = c.text_config;
-  const int64_t kv = t.num_key_value_heads * t.head_dim, q = t.num_attention_heads * t.head_dim;
-  int64_t n = t.vocab_size * t.hidden_size * (c.tie_word_embeddings ? 1 : 2);
-  n += t.num_hidden_layers * (t.hidden_size * (2 * q + 2 * kv) + 3 * t.hidden_size * t.intermediate_size);
-  n += v.num_hidden_layers * (4 * v.hidden_size * v.hidden_size + 2 * v.hidden_size * v.intermediate_size);
-  n += v.num_channels * v.patch_size * v.patch_size * v.hidden_size;
-  n += v.hidden_size * t.hidden_size + t.hidden_size * t.hidden_size;  // projector
-  return n;
-}
-}  // namespace
 
-Pretrained load_pretrained(const fs::path& dir) {
+model::VlmConfig read_model_config(const fs::path& dir) {
   MMPOST_CHECK_USAGE(fs::is_directory(dir), dir.string(), ": model folder not found");
   fs::path cfg_path = dir / "config.json";
   MMPOST_CHECK_USAGE(fs::is_regular_file(cfg_path), cfg_path.string(), ": missing",
                      "\n  hint: a model folder holds config.json, model.safetensors and tokenizer.model");
   nlohmann::json j = read_json(cfg_path);
-  Pretrained p;
   try {
-    p.config = model::vlm_config_from_json(j);
+    return model::vlm_config_from_json(j);
   } catch (const Error& e) {
     throw Error(e.kind(), cfg_path.string() + ": " + e.message(), e.hint());
   }
+}
+
+Pretrained load_pretrained(const fs::path& dir) {
+  const fs::path cfg_path = dir / "config.json";
+  Pretrained p;
+  p.config = read_model_config(dir);
   // Check the size before allocating: a config.json that lost its sub-configs falls back to HF's
   // LLaVA-7B defaults, which would allocate gigabytes before any shape check.
   auto tensors = io::load_safetensors(dir);
   int64_t stored = 0;
   for (const auto& [name, t] : tensors) stored += t.numel();
-  const int64_t expected = approx_num_params(p.config);
+  const int64_t expected = model::num_params(p.config);
   MMPOST_CHECK_USAGE(expected <= 2 * stored + (int64_t{1} << 20), cfg_path.string(),
                      ": describes a model of about ", expected, " parameters but the weights in ",
                      dir.string(), " hold ", stored,
@@ -65,11 +55,28 @@ Pretrained load_pretrained(const fs::path& dir) {
   model::load_hf_weights(*p.model, tensors, dir.string());
   if (fs::is_regular_file(dir / "tokenizer.model")) p.tokenizer_path = dir / "tokenizer.model";
   p.image.image_size = p.config.vision_config.image_size;
-  for (const char* name : {"preprocessor_config.json", "processor_config.json"}) {
-    if (fs::is_regular_file(dir / name)) {
-      p.image = data::read_preprocessor_config((dir / name).string(), p.image);
-      break;
-    }
+  // Both files are read when present: transformers 5 loads processor_config.json, 4.x
+  // preprocessor_config.json; each must describe the preprocessing the model was trained with.
+  const data::ImageProcessorConfig defaults = p.image;
+  std::string first;
+  for (const char* name : {"processor_config.json", "preprocessor_config.json"}) {
+    const fs::path file = dir / name;
+    if (!fs::is_regular_file(file)) continue;
+    data::ProcessorFileInfo info;
+    const auto cfg = data::read_preprocessor_config(file.string(), defaults, &info);
+    MMPOST_CHECK_USAGE(info.image_tokens < 0 || info.image_tokens == p.config.n_image_tokens(),
+                       file.string(), ": patch_size, num_additional_image_tokens and "
+                       "vision_feature_select_strategy expand <image> to ", info.image_tokens,
+                       " tokens, but config.json's vision tower yields ", p.config.n_image_tokens());
+    if (!info.has_image_settings) continue;
+    MMPOST_CHECK_USAGE(first.empty() || data::preprocessor_config_json(cfg) ==
+                                            data::preprocessor_config_json(p.image),
+                       file.string(), " and ", first, " describe different preprocessing "
+                       "(transformers 4 reads one, 5 the other)");
+    first = file.string();
+    p.image = cfg;
+    data::check_processor_for_model(p.image, p.config.vision_config.image_size, file.string());
+    p.has_processor_config = true;
   }
   return p;
 }
@@ -90,6 +97,26 @@ void add_hf_added_tokens(data::Tokenizer& tok, const fs::path& dir) {
       for (const auto& t : j.value("added_tokens", nlohmann::json::array())) {
         add(tok_json, t.at("id").get<int64_t>(), t.at("content").get<std::string>());
       }
+      // The post-processor decides whether transformers puts BOS (or EOS) around the text.
+      const auto pp = j.value("post_processor", nlohmann::json());
+      if (pp.is_null()) {
+        tok.set_add_bos(false);
+      } else {
+        MMPOST_CHECK_USAGE(pp.value("type", "") == "TemplateProcessing", tok_json.string(),
+                           ": post_processor.type ", pp.value("type", std::string("?")),
+                           " is not reproduced (mmpost reads TemplateProcessing)");
+        std::vector<std::string> single;
+        for (const auto& item : pp.at("single")) {
+          single.push_back(item.contains("SpecialToken") ? item["SpecialToken"].at("id").get<std::string>()
+                                                         : std::string("$A"));
+        }
+        const std::string bos = tok.id_to_piece(tok.bos_id());
+        const bool with_bos = single == std::vector<std::string>{bos, "$A"};
+        MMPOST_CHECK_USAGE(with_bos || single == std::vector<std::string>{"$A"}, tok_json.string(),
+                           ": post_processor.single adds tokens mmpost does not reproduce (it "
+                           "reproduces [", bos, ", $A] and [$A])");
+        tok.set_add_bos(with_bos);
+      }
     } catch (const nlohmann::json::exception& e) {
       throw Error(ErrorKind::kUsage, tok_json.string() + ": added_tokens: " + e.what());
     }
@@ -101,6 +128,9 @@ void add_hf_added_tokens(data::Tokenizer& tok, const fs::path& dir) {
     for (const auto& [key, t] : decoder.items()) {
       add(tok_cfg, std::stoll(key), t.at("content").get<std::string>());
     }
+    // transformers 5 builds a Llama tokenizer's pre-tokenizer from this flag (not from
+    // tokenizer.json): legacy true puts the "▁" prefix on every chunk after a special token too.
+    if (j.contains("legacy") && j["legacy"].is_boolean()) tok.set_legacy(j["legacy"].get<bool>());
     if (j.contains("pad_token") && !j["pad_token"].is_null()) {
       const auto& v = j["pad_token"];
       const int64_t pad = tok.piece_to_id(v.is_object() ? v.at("content").get<std::string>()
@@ -145,8 +175,8 @@ void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tok
     nlohmann::json special = {{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}};
     if (tc.pad_token_id) special["pad_token"] = "<pad>";
     nlohmann::json tok_cfg = {
-        {"tokenizer_class", "LlamaTokenizer"}, {"add_bos_token", true}, {"add_eos_token", false},
-        {"legacy", false}, {"model_max_length", tc.max_position_embeddings},
+        {"tokenizer_class", "LlamaTokenizer"}, {"add_bos_token", tokenizer == nullptr || tokenizer->add_bos()}, {"add_eos_token", false},
+        {"legacy", tokenizer != nullptr && tokenizer->legacy()}, {"model_max_length", tc.max_position_embeddings},
         {"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"},
         {"image_token", "<image>"}, {"processor_class", "LlavaProcessor"},
         {"padding_side", "left"}, {"mmpost_chat_template", "llava"}};

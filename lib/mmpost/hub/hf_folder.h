@@ -21,7 +21,11 @@ struct Pretrained {
   std::filesystem::path tokenizer_path;  // empty when the folder has no tokenizer.model
   data::ImageProcessorConfig image;      // preprocessor_config.json, else processor_config.json's
                                          // "image_processor" (transformers 5), else defaults
+  bool has_processor_config = false;     // the folder had either file
 };
+
+/// Reads DIR/config.json alone (nothing allocated). Throws Error(kUsage) naming the file.
+model::VlmConfig read_model_config(const std::filesystem::path& dir);
 
 /// Loads DIR: config.json (HF names), weights (safetensors, both LLaVA name layouts), tokenizer
 /// and preprocessor settings; the model is float32 on the CPU. Throws Error(kUsage) for a missing

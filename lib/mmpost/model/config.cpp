@@ -3,6 +3,7 @@
 // use_cache, ...) are ignored on read, and anything we do not implement is refused by name.
 #include "mmpost/model/config.h"
 
+#include "mmpost/config/schema.h"
 #include "mmpost/core/check.h"
 
 #include <algorithm>
@@ -86,32 +87,13 @@ const std::set<std::string> kTopKeys = {  // read, plus LlavaConfig's inert ones
     "num_labels",            // a reward model's head (hub/reward_model_folder reads it)
     "mmpost_reward_model"};  // the same loader's own block
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diag = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diag = up;
-    }
-  }
-  return row[b.size()];
-}
-
 /// Refuses a key of object `j` (at JSON path `path`, e.g. "vision_config.") that is neither in
 /// `known` nor in kInertCommon, naming the closest known key.
 void check_keys(const json& j, const std::set<std::string>& known, const std::string& path) {
   for (const auto& [key, value] : j.items()) {
     if (known.count(key) || kInertCommon.count(key)) continue;
-    std::string best;
-    size_t best_d = 4;  // suggest only close spellings
-    for (const auto& k : known) {
-      const size_t d = edit_distance(key, k);
-      if (d < best_d) best_d = d, best = k;
-    }
+    const std::string best =
+        config::closest_key(key, std::vector<std::string>(known.begin(), known.end()));
     throw Error(ErrorKind::kUsage,
                 "config.json: " + path + key + ": unknown key (mmpost does not read it, and it is "
                 "not one of transformers' keys known to leave the model unchanged)",
@@ -328,6 +310,30 @@ json vlm_config_to_json(const VlmConfig& c) {
           {"tie_word_embeddings", c.tie_word_embeddings},
           {"torch_dtype", c.torch_dtype},
           {"dtype", c.torch_dtype}};
+}
+
+ParamCounts param_counts(const VlmConfig& c) {
+  const auto& v = c.vision_config;
+  const auto& t = c.text_config;
+  const int64_t D = v.hidden_size, H = t.hidden_size;
+  ParamCounts n;
+  n.vision_tower = D + v.num_channels * v.patch_size * v.patch_size * D + (v.n_patches() + 1) * D +
+                   2 * 2 * D +  // pre_layrnorm, post_layernorm
+                   v.num_hidden_layers * (4 * (D * D + D) + 2 * 2 * D +  // attention, layer norms
+                                          D * v.intermediate_size + v.intermediate_size +  // fc1
+                                          v.intermediate_size * D + D);                    // fc2
+  const int64_t pb = c.multimodal_projector_bias ? 1 : 0;
+  n.projector = D * H + pb * H + H * H + pb * H;
+  const int64_t q = t.num_attention_heads * t.head_dim, kv = t.num_key_value_heads * t.head_dim;
+  n.language_model = t.vocab_size * H * (c.tie_word_embeddings ? 1 : 2) +
+                     t.num_hidden_layers * (H * q + 2 * H * kv + q * H +
+                                            3 * H * t.intermediate_size + 2 * H) +
+                     H;  // final norm
+  return n;
+}
+
+int64_t training_state_bytes(int64_t n_params, int64_t trainable, int64_t weight_bytes) {
+  return n_params * weight_bytes + trainable * 3 * weight_bytes;
 }
 
 }  // namespace mmpost::model

@@ -80,6 +80,22 @@ VlmConfig vlm_config_from_json(const nlohmann::json& j, const std::string& where
 /// Writes an HF-loadable config.json object ("architectures": ["LlavaForConditionalGeneration"]).
 nlohmann::json vlm_config_to_json(const VlmConfig& c);
 
+/// Exact parameter counts of the model `c` describes, by the parts `model.freeze` names (CLIP
+/// vision tower with embeddings, pre/post layer norms and biased projections; projector; Llama
+/// decoder with bias-free projections, RMSNorm weights, lm_head unless tied), from the config
+/// alone, without allocating.
+struct ParamCounts {
+  int64_t vision_tower = 0, projector = 0, language_model = 0;
+  int64_t total() const { return vision_tower + projector + language_model; }
+};
+ParamCounts param_counts(const VlmConfig& c);
+inline int64_t num_params(const VlmConfig& c) { return param_counts(c).total(); }
+
+/// Bytes that training holds before activations: `n_params` weights at `weight_bytes` each, plus
+/// for the `trainable` ones a gradient and AdamW's two moments in the same dtype (libtorch's
+/// AdamW keeps exp_avg / exp_avg_sq like the parameter). Activations come on top.
+int64_t training_state_bytes(int64_t n_params, int64_t trainable, int64_t weight_bytes);
+
 /// Checks cross-field rules (head counts divide, sizes positive, known activations).
 /// Throws mmpost::Error (kUsage).
 void validate(const VlmConfig& c);

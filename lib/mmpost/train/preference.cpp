@@ -36,29 +36,89 @@ std::unique_ptr<data::StreamingLoader<data::PreferenceSample>> file_order_loader
 
 }  // namespace
 
+namespace {
+/// token_stats of each row run alone: row r's first L_r = attention_mask[r].sum() tokens (the
+/// batch is right-padded) with its own images' features (`pixel_of_row[r]`, vision tower run on
+/// that sample's images only), padded back to [R, T-1]. Nothing of another row or of the padding
+/// enters a row's arithmetic, so its values do not depend on the batch it came in.
+algo::TokenStats padding_free_stats(model::Vlm& model, const torch::Tensor& ids,
+                                    const torch::Tensor& mask, const torch::Tensor& labels,
+                                    const std::vector<torch::Tensor>& pixel_of_row,
+                                    bool with_log_sum_sq) {
+  const int64_t R = ids.size(0), T = ids.size(1);
+  const auto lengths = mask.sum(/*dim=*/1).to(torch::kCPU, torch::kInt64);
+  std::vector<torch::Tensor> logps, masks, lss, sums;
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t L = std::max<int64_t>(1, lengths[r].item<int64_t>());
+    torch::Tensor features;
+    if (pixel_of_row[r].defined() && pixel_of_row[r].size(0) > 0) {
+      features = model->image_features(pixel_of_row[r]);
+    }
+    auto logits = model->forward_features(ids[r].narrow(0, 0, L).unsqueeze(0), features,
+                                          mask[r].narrow(0, 0, L).unsqueeze(0));  // [1, L, V]
+    auto st = algo::token_stats(logits, labels[r].narrow(0, 0, L).unsqueeze(0), with_log_sum_sq);
+    const int64_t pad = (T - 1) - st.logps.size(1);
+    namespace F = torch::nn::functional;
+    logps.push_back(F::pad(st.logps, F::PadFuncOptions({0, pad})));
+    masks.push_back(F::pad(st.mask, F::PadFuncOptions({0, pad})));
+    if (with_log_sum_sq) lss.push_back(F::pad(st.log_sum_sq, F::PadFuncOptions({0, pad})));
+    sums.push_back(st.logits_sum);
+  }
+  algo::TokenStats out;
+  out.logps = torch::cat(logps);
+  out.mask = torch::cat(masks);
+  if (with_log_sum_sq) out.log_sum_sq = torch::cat(lss);
+  out.logits_sum = torch::cat(sums);
+  return out;
+}
+}  // namespace
+
 PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBatch& b,
-                                     bool with_log_sum_sq, bool with_corrupted) {
+                                     bool with_log_sum_sq, bool with_corrupted, bool padding_free) {
   const int64_t B = b.batch_size;
-  torch::Tensor features;  // [N, P, C] once per image
-  if (b.pixel_values.defined()) features = model->image_features(b.pixel_values);
   auto ids = b.input_ids, mask = b.attention_mask, labels = b.labels;  // [2B, T]
-  torch::Tensor row_features;
-  if (features.defined()) row_features = torch::cat({features, features});
   if (with_corrupted) {
     TORCH_CHECK(!b.pixel_values.defined() || b.corrupted_pixel_values.defined(),
                 "preference_forward: mDPO needs corrupted_pixel_values");
     ids = torch::cat({ids, b.input_ids.narrow(0, 0, B)});  // [3B, T]
     mask = torch::cat({mask, b.attention_mask.narrow(0, 0, B)});
     labels = torch::cat({labels, b.labels.narrow(0, 0, B)});
-    if (features.defined()) {
+  }
+  algo::TokenStats stats;
+  torch::Tensor logits;
+  if (padding_free) {
+    // Images of pair i: its chosen row's image tokens / tokens per image, in order.
+    const int64_t per_image = model->config().n_image_tokens();
+    const auto n_img = b.input_ids.narrow(0, 0, B)
+                           .eq(model->config().image_token_index)
+                           .sum(/*dim=*/1)
+                           .div(per_image, "floor")
+                           .to(torch::kCPU, torch::kInt64);
+    std::vector<torch::Tensor> pix(ids.size(0)), corrupted(B);
+    int64_t offset = 0;
+    for (int64_t i = 0; i < B; ++i) {
+      const int64_t k = n_img[i].item<int64_t>();
+      if (k > 0 && b.pixel_values.defined()) {
+        pix[i] = pix[B + i] = b.pixel_values.narrow(0, offset, k);
+        if (with_corrupted) pix[2 * B + i] = b.corrupted_pixel_values.narrow(0, offset, k);
+      }
+      offset += k;
+    }
+    stats = padding_free_stats(model, ids, mask, labels, pix, with_log_sum_sq);
+  } else {
+    torch::Tensor features;  // [N, P, C] once per image
+    if (b.pixel_values.defined()) features = model->image_features(b.pixel_values);
+    torch::Tensor row_features;
+    if (features.defined()) row_features = torch::cat({features, features});
+    if (with_corrupted && features.defined()) {
       row_features = torch::cat({row_features, model->image_features(b.corrupted_pixel_values)});
     }
+    logits = model->forward_features(ids, row_features, mask);  // [2B or 3B, T, V] float32
+    stats = algo::token_stats(logits, labels, with_log_sum_sq);
   }
-  auto logits = model->forward_features(ids, row_features, mask);  // [2B or 3B, T, V] float32
-  auto stats = algo::token_stats(logits, labels, with_log_sum_sq);
   PreferenceForward out;
   out.logps = algo::preference_logps(stats, B);
-  const double V = static_cast<double>(logits.size(-1));
+  const double V = static_cast<double>(model->config().text_config.vocab_size);
   auto n = stats.mask.sum(/*dim=*/-1).to(torch::kFloat32).clamp_min(1) * V;  // [rows]
   auto logits_mean = stats.logits_sum / n;
   out.logits_mean_chosen = logits_mean.narrow(0, 0, B);
@@ -88,10 +148,11 @@ PreferenceEvalResult evaluate_preferences(model::Vlm& policy, model::Vlm* refere
   while (auto samples = loader->next_batch()) {
     if (samples->empty()) continue;  // a window whose records were all skipped (or another rank's)
     auto b = data::collate_preference(*samples, pad_id).to(device, dtype);
-    auto p = preference_forward(policy, b, false, false).logps;
+    auto p = preference_forward(policy, b, false, false, opts.padding_free).logps;
     auto chosen = p.chosen, rejected = p.rejected;
     if (reference != nullptr || ref_cache != nullptr) {
-      auto q = reference != nullptr ? preference_forward(*reference, b, false, false).logps
+      auto q = reference != nullptr
+                   ? preference_forward(*reference, b, false, false, opts.padding_free).logps
                                     : ref_cache->lookup(b, device);
       chosen = chosen - q.chosen.to(chosen.device());
       rejected = rejected - q.rejected.to(rejected.device());
@@ -191,7 +252,7 @@ ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
   while (auto samples = loader->next_batch()) {
     if (samples->empty()) continue;  // a window whose records were all skipped (or another rank's)
     auto b = data::collate_preference(*samples, pad_id).to(device, dtype);
-    auto p = preference_forward(reference, b, false, false).logps;
+    auto p = preference_forward(reference, b, false, false, opts.padding_free).logps;
     auto v = torch::stack({p.chosen, p.rejected, p.chosen_tail, p.rejected_tail})
                  .to(torch::kCPU, torch::kFloat32)
                  .contiguous();

@@ -28,8 +28,13 @@ struct PreferenceForward {
 /// (B) seen with b.corrupted_pixel_values]. The vision tower runs once on b.pixel_values (and once
 /// on the corrupted images); its features are reused for every row of the same sample. Gradients
 /// flow unless the caller holds a NoGradGuard. Throws Error(kData) on image-token mismatches.
+/// `padding_free` (TRL's DPOConfig name): each row runs alone at its own length with its own
+/// images through the vision tower, so its values do not depend on the rest of the batch or on
+/// padding (bit-identical across batchings; what makes precomputed reference log-probs equal the
+/// live ones); slower, as rows are not batched.
 PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBatch& b,
-                                     bool with_log_sum_sq, bool with_corrupted);
+                                     bool with_log_sum_sq, bool with_corrupted,
+                                     bool padding_free = false);
 
 /// Summary of a policy vs its reference on preference pairs (TRL's eval metrics).
 struct PreferenceEvalResult {
@@ -49,6 +54,7 @@ struct PreferenceEvalOptions {
   bool skip_bad = false;
   bool show_progress = true;
   data::PreferenceLimits limits;
+  bool padding_free = false;  // see preference_forward
   /// evaluate_preferences under torchrun / srun: each rank scores its share of the records
   /// (positions p % world == rank), the sums are all-reduced and every rank gets the result.
   dist::ProcessGroup* pg = nullptr;
