@@ -38,23 +38,20 @@ std::unique_ptr<data::StreamingLoader<data::PreferenceSample>> file_order_loader
 
 namespace {
 /// token_stats of each row run alone: row r's first L_r = attention_mask[r].sum() tokens (the
-/// batch is right-padded) with its own images' features (`pixel_of_row[r]`, vision tower run on
-/// that sample's images only), padded back to [R, T-1]. Nothing of another row or of the padding
+/// batch is right-padded) with its own images' features (`features_of_row[r]` [k, P, C], from
+/// the vision tower run on that sample's images only; undefined for none), padded back to
+/// [R, T-1]. Nothing of another row or of the padding
 /// enters a row's arithmetic, so its values do not depend on the batch it came in.
 algo::TokenStats padding_free_stats(model::Vlm& model, const torch::Tensor& ids,
                                     const torch::Tensor& mask, const torch::Tensor& labels,
-                                    const std::vector<torch::Tensor>& pixel_of_row,
+                                    const std::vector<torch::Tensor>& features_of_row,
                                     bool with_log_sum_sq) {
   const int64_t R = ids.size(0), T = ids.size(1);
   const auto lengths = mask.sum(/*dim=*/1).to(torch::kCPU, torch::kInt64);
   std::vector<torch::Tensor> logps, masks, lss, sums;
   for (int64_t r = 0; r < R; ++r) {
     const int64_t L = std::max<int64_t>(1, lengths[r].item<int64_t>());
-    torch::Tensor features;
-    if (pixel_of_row[r].defined() && pixel_of_row[r].size(0) > 0) {
-      features = model->image_features(pixel_of_row[r]);
-    }
-    auto logits = model->forward_features(ids[r].narrow(0, 0, L).unsqueeze(0), features,
+    auto logits = model->forward_features(ids[r].narrow(0, 0, L).unsqueeze(0), features_of_row[r],
                                           mask[r].narrow(0, 0, L).unsqueeze(0));  // [1, L, V]
     auto st = algo::token_stats(logits, labels[r].narrow(0, 0, L).unsqueeze(0), with_log_sum_sq);
     const int64_t pad = (T - 1) - st.logps.size(1);
@@ -85,7 +82,6 @@ PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBa
     labels = torch::cat({labels, b.labels.narrow(0, 0, B)});
   }
   algo::TokenStats stats;
-  torch::Tensor logits;
   if (padding_free) {
     // Images of pair i: its chosen row's image tokens / tokens per image, in order.
     const int64_t per_image = model->config().n_image_tokens();
@@ -94,17 +90,20 @@ PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBa
                            .sum(/*dim=*/1)
                            .div(per_image, "floor")
                            .to(torch::kCPU, torch::kInt64);
-    std::vector<torch::Tensor> pix(ids.size(0)), corrupted(B);
+    // One vision pass per sample (its images alone), shared by its chosen and rejected rows.
+    std::vector<torch::Tensor> features(ids.size(0));
     int64_t offset = 0;
     for (int64_t i = 0; i < B; ++i) {
       const int64_t k = n_img[i].item<int64_t>();
       if (k > 0 && b.pixel_values.defined()) {
-        pix[i] = pix[B + i] = b.pixel_values.narrow(0, offset, k);
-        if (with_corrupted) pix[2 * B + i] = b.corrupted_pixel_values.narrow(0, offset, k);
+        features[i] = features[B + i] = model->image_features(b.pixel_values.narrow(0, offset, k));
+        if (with_corrupted) {
+          features[2 * B + i] = model->image_features(b.corrupted_pixel_values.narrow(0, offset, k));
+        }
       }
       offset += k;
     }
-    stats = padding_free_stats(model, ids, mask, labels, pix, with_log_sum_sq);
+    stats = padding_free_stats(model, ids, mask, labels, features, with_log_sum_sq);
   } else {
     torch::Tensor features;  // [N, P, C] once per image
     if (b.pixel_values.defined()) features = model->image_features(b.pixel_values);
@@ -113,7 +112,7 @@ PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBa
     if (with_corrupted && features.defined()) {
       row_features = torch::cat({row_features, model->image_features(b.corrupted_pixel_values)});
     }
-    logits = model->forward_features(ids, row_features, mask);  // [2B or 3B, T, V] float32
+    auto logits = model->forward_features(ids, row_features, mask);  // [2B or 3B, T, V] float32
     stats = algo::token_stats(logits, labels, with_log_sum_sq);
   }
   PreferenceForward out;
