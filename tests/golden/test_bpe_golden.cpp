@@ -8,6 +8,7 @@
 #include "catch.h"
 #include "mmpost/core/check.h"
 #include "mmpost/data/bpe.h"
+#include "mmpost/data/tokenizer.h"
 
 using namespace mmpost;
 using namespace mmpost::data;
@@ -71,4 +72,21 @@ TEST_CASE("byte-level BPE refuses tokenizer.json settings it does not reproduce,
   auto d = j;
   d["decoder"] = nullptr;
   CHECK_THAT(refusal(d), Catch::Matchers::Contains("decoder.type: null is not reproduced"));
+}
+
+TEST_CASE("data::Tokenizer over tokenizer.json: special tokens typed in text split out as "
+          "tokenizers does", "[golden][data]") {
+  const auto e = read_json(kDir / "expected.json");
+  for (const char* kind : {"gpt2", "smollm", "llama3"}) {
+    Tokenizer tok((kDir / kind / "tokenizer.json").string());
+    CHECK(tok.kind() == "bpe");
+    CHECK(tok.piece_to_id("<|im_start|>") == 1);
+    for (size_t i = 0; i < e["texts"].size(); ++i) {
+      const auto text = e["texts"][i].get<std::string>();
+      INFO(kind << " text " << i << ": " << text);
+      const auto ids = tok.encode(text);
+      CHECK(ids == e["tokenizers_"][kind][i]["ids"].get<std::vector<int64_t>>());
+      CHECK(tok.decode(ids) == text);  // specials print as their text
+    }
+  }
 }
