@@ -3,7 +3,9 @@
 // Digits + ByteLevel, Llama-3's Split regex + ByteLevel without regex, ignore_merges) on hostile
 // strings. Ids must be identical and decode(encode(x)) == x.
 #include <filesystem>
+#include <cstdlib>
 #include <fstream>
+#include <iostream>
 
 #include "catch.h"
 #include "mmpost/core/check.h"
@@ -89,4 +91,26 @@ TEST_CASE("data::Tokenizer over tokenizer.json: special tokens typed in text spl
       CHECK(tok.decode(ids) == text);  // specials print as their text
     }
   }
+}
+
+TEST_CASE("byte-level BPE on the real SmolLM2-135M tokenizer (needs MMPOST_SMOLLM2_DIR and "
+          "MMPOST_SMOLLM2_EXPECTED)", "[golden][data]") {
+  const char* dir = std::getenv("MMPOST_SMOLLM2_DIR");
+  const char* expected = std::getenv("MMPOST_SMOLLM2_EXPECTED");
+  if (dir == nullptr || expected == nullptr) {
+    WARN("skipped: MMPOST_SMOLLM2_DIR / MMPOST_SMOLLM2_EXPECTED not set");
+    return;
+  }
+  Tokenizer tok((fs::path(dir) / "tokenizer.json").string());
+  const auto e = read_json(expected);
+  int64_t n_ids = 0;
+  for (size_t i = 0; i < e["texts"].size(); ++i) {
+    const auto text = e["texts"][i].get<std::string>();
+    const auto ids = tok.encode(text);
+    INFO("text " << i << ": " << text.substr(0, 200));
+    CHECK(ids == e["ids"][i].get<std::vector<int64_t>>());
+    CHECK(tok.decode(ids) == text);
+    n_ids += static_cast<int64_t>(ids.size());
+  }
+  std::cout << "smollm2 tokenizer parity: " << e["texts"].size() << " texts, " << n_ids << " ids\n";
 }
