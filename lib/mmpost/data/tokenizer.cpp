@@ -8,6 +8,9 @@
 #include <iterator>
 
 #include "mmpost/core/check.h"
+#include "mmpost/data/bpe.h"
+
+#include <nlohmann/json.hpp>
 
 namespace mmpost::data {
 namespace {
@@ -128,8 +131,7 @@ std::string with_identity_normalizer(const std::string& model, NormalizerSpec* w
 
 }  // namespace
 
-Tokenizer::Tokenizer(const std::string& model_path)
-    : sp_(std::make_unique<sentencepiece::SentencePieceProcessor>()), path_(model_path) {
+Tokenizer::Tokenizer(const std::string& model_path) : path_(model_path) {
   MMPOST_CHECK_USAGE(std::filesystem::is_regular_file(model_path), model_path,
                      ": tokenizer model not found");
   {
@@ -137,6 +139,11 @@ Tokenizer::Tokenizer(const std::string& model_path)
     MMPOST_CHECK_USAGE(in.good(), model_path, ": cannot read tokenizer model");
     model_bytes_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
+  if (std::filesystem::path(model_path).extension() == ".json") {
+    load_tokenizer_json();
+    return;
+  }
+  sp_ = std::make_unique<sentencepiece::SentencePieceProcessor>();
   // transformers reads a Llama tokenizer.model through its tokenizers conversion, which applies
   // no normalizer (neither the NFKC charsmap nor sentencepiece's whitespace squeezing); encode
   // the same way, or ids drift from the reference on such text.
@@ -179,9 +186,42 @@ Tokenizer::Tokenizer(const std::string& model_path)
   }
 }
 
+void Tokenizer::load_tokenizer_json() {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(model_bytes_);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(ErrorKind::kUsage, path_ + ": invalid JSON: " + e.what());
+  }
+  bpe_ = std::make_unique<ByteLevelBpe>(j, path_);
+  // Added tokens (special or not) are split out of the text before the model runs, as
+  // tokenizers does; their ids may lie inside or beyond the BPE vocabulary.
+  try {
+    for (const auto& t : j.value("added_tokens", nlohmann::json::array())) {
+      const int64_t id = t.at("id").get<int64_t>();
+      const auto content = t.at("content").get<std::string>();
+      specials_[content] = id;
+      special_text_[id] = content;
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kUsage, path_ + ": added_tokens: " + e.what());
+  }
+  bos_id_ = eos_id_ = pad_id_ = unk_id_ = -1;  // set from tokenizer_config.json (hub)
+  add_bos_ = false;
+}
+
 Tokenizer::~Tokenizer() = default;
 
 void Tokenizer::add_special_token(const std::string& text, int64_t id) {
+  if (bpe_) {
+    const auto it = specials_.find(text);
+    const int64_t own = it != specials_.end() ? it->second : bpe_->token_to_id(text);
+    MMPOST_CHECK_USAGE(own < 0 || own == id, path_, ": special token ", text, " has id ", own,
+                       " in the tokenizer but ", id, " in the model config");
+    specials_[text] = id;
+    special_text_[id] = text;
+    return;
+  }
   int own = sp_->PieceToId(text);
   bool known = own != sp_->unk_id() || text == sp_->IdToPiece(sp_->unk_id());
   MMPOST_CHECK_USAGE(!known || own == id, path_, ": special token ", text, " has id ", own,
@@ -193,6 +233,7 @@ void Tokenizer::add_special_token(const std::string& text, int64_t id) {
 std::vector<int64_t> Tokenizer::encode_plain(const std::string& text, bool add_dummy_prefix) const {
   std::vector<int> ids;
   if (text.empty()) return {};
+  if (bpe_) return bpe_->encode(text);  // byte-level: no dummy prefix
   // transformers' Llama tokenizer (Metaspace, prepend_scheme "first") prepends "▁" only when the
   // text does not already start with a space; sentencepiece itself would give "▁▁...".
   if (add_dummy_prefix && text.front() != ' ') {
@@ -237,7 +278,11 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
   auto flush = [&] {
     if (run.empty()) return;
     std::string s;
-    sp_->Decode(run, &s);
+    if (bpe_) {
+      s = bpe_->decode(std::vector<int64_t>(run.begin(), run.end()));
+    } else {
+      sp_->Decode(run, &s);
+    }
     out += s;
     run.clear();
   };
@@ -248,7 +293,7 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
       out += it->second;
     } else if (id == bos_id_ || id == eos_id_ || id == pad_id_) {
       continue;
-    } else if (id >= 0 && id < sp_->GetPieceSize()) {
+    } else if (id >= 0 && id < model_size()) {
       run.push_back(static_cast<int>(id));
     }
   }
@@ -259,13 +304,15 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
 std::string Tokenizer::id_to_piece(int64_t id) const {
   auto it = special_text_.find(id);
   if (it != special_text_.end()) return it->second;
-  if (id < 0 || id >= sp_->GetPieceSize()) return "<id " + std::to_string(id) + ">";
+  if (id < 0 || id >= model_size()) return "<id " + std::to_string(id) + ">";
+  if (bpe_) return bpe_->id_to_token(id);
   return sp_->IdToPiece(static_cast<int>(id));
 }
 
 int64_t Tokenizer::piece_to_id(const std::string& piece) const {
   auto it = specials_.find(piece);
   if (it != specials_.end()) return it->second;
+  if (bpe_) return bpe_->token_to_id(piece);
   int id = sp_->PieceToId(piece);
   if (id == sp_->unk_id() && piece != sp_->IdToPiece(sp_->unk_id())) return -1;
   return id;
@@ -274,13 +321,17 @@ int64_t Tokenizer::piece_to_id(const std::string& piece) const {
 std::vector<std::pair<int64_t, std::string>> Tokenizer::added_tokens() const {
   std::vector<std::pair<int64_t, std::string>> out;
   for (const auto& [id, text] : special_text_) {
-    if (id >= sp_->GetPieceSize()) out.emplace_back(id, text);
+    if (id >= model_size()) out.emplace_back(id, text);
   }
   return out;
 }
 
+int64_t Tokenizer::model_size() const {
+  return bpe_ ? bpe_->vocab_size() : sp_->GetPieceSize();
+}
+
 int64_t Tokenizer::vocab_size() const {
-  int64_t n = sp_->GetPieceSize();
+  int64_t n = model_size();
   for (const auto& kv : special_text_) n = std::max(n, kv.first + 1);
   return n;
 }

@@ -15,6 +15,8 @@ class SentencePieceProcessor;
 
 namespace mmpost::data {
 
+class ByteLevelBpe;
+
 /// Wraps sentencepiece::SentencePieceProcessor (libsentencepiece). Thread-safe for encode/decode.
 class Tokenizer {
  public:
@@ -22,7 +24,12 @@ class Tokenizer {
   /// replaced by the identity, as transformers' LlamaTokenizer (tokenizers conversion, 5.x)
   /// ignores it: ids then equal transformers' for any text (normalizer_note() says what was
   /// dropped). Throws Error(kUsage) naming the path if it cannot be read or parsed.
+  /// A path ending in ".json" is a Hugging Face tokenizer.json with a byte-level BPE model
+  /// (data::ByteLevelBpe): its added tokens are registered as specials, and BOS/EOS/PAD/UNK
+  /// start unset (-1) and add_bos() false until the hub sets them from tokenizer_config.json.
   explicit Tokenizer(const std::string& model_path);
+  /// "sentencepiece" or "bpe".
+  std::string kind() const { return bpe_ ? "bpe" : "sentencepiece"; }
   /// Empty, or what the model's own normalizer would have done that mmpost (as transformers)
   /// does not, for a warning.
   const std::string& normalizer_note() const { return normalizer_note_; }
@@ -67,6 +74,9 @@ class Tokenizer {
   bool legacy() const { return legacy_; }
   /// Overrides the pad id (HF checkpoints often define <pad> as an added token).
   void set_pad_id(int64_t id) { pad_id_ = id; }
+  void set_bos_id(int64_t id) { bos_id_ = id; }
+  void set_eos_id(int64_t id) { eos_id_ = id; }
+  void set_unk_id(int64_t id) { unk_id_ = id; }
   const std::string& path() const { return path_; }
   /// The tokenizer.model bytes as loaded. Model folders are written from these, never re-read
   /// from path(): a run's checkpoints are pruned, and the file it came from may be gone.
@@ -74,8 +84,11 @@ class Tokenizer {
 
  private:
   std::vector<int64_t> encode_plain(const std::string& text, bool add_dummy_prefix) const;
+  void load_tokenizer_json();
+  int64_t model_size() const;  // pieces of the sentencepiece model / BPE vocabulary
 
   std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
+  std::unique_ptr<ByteLevelBpe> bpe_;
   std::string path_;
   std::string model_bytes_;
   std::string normalizer_note_;
