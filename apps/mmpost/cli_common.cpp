@@ -71,6 +71,7 @@ void register_subcommands(CLI::App& app) {
   stages().push_back(setup_generate(app));
   stages().push_back(setup_bench(app));
   stages().push_back(setup_inspect(app));
+  stages().push_back(setup_init(app));
 }
 
 int run_selected(CLI::App& app) {

@@ -83,6 +83,7 @@ Stage setup_eval(CLI::App& app);
 Stage setup_generate(CLI::App& app);
 Stage setup_bench(CLI::App& app);  // hidden: bench-preprocess (scripts/bench)
 Stage setup_inspect(CLI::App& app);
+Stage setup_init(CLI::App& app);
 
 /// Adds every stage subcommand to `app`.
 void register_subcommands(CLI::App& app);

@@ -32,6 +32,7 @@ struct EvalArgs {
   int64_t batch_size = 32;
   int64_t max_samples = 0;
   int64_t max_length = 2048;
+  std::string chat_template = "auto";
   int64_t num_workers = 2;
   int64_t num_threads = 0;
   std::string on_bad_sample = "error";
@@ -113,9 +114,10 @@ int run_eval(EvalArgs a) {
 
   // ---- model -------------------------------------------------------------------------------
   auto p = hub::load_pretrained(a.model_dir);
-  MMPOST_CHECK_USAGE(!p.tokenizer_path.empty(), a.model_dir, ": no tokenizer.model in the folder");
-  data::Tokenizer tokenizer(p.tokenizer_path.string());
-  hub::add_hf_added_tokens(tokenizer, a.model_dir);
+  MMPOST_CHECK_USAGE(!p.tokenizer_path.empty(), a.model_dir,
+                     ": no tokenizer.model or tokenizer.json in the folder");
+  const auto tokenizer_ptr = hub::load_tokenizer(p.tokenizer_path);
+  data::Tokenizer& tokenizer = *tokenizer_ptr;
   tokenizer.add_special_token(data::kImagePlaceholder, p.config.image_token_index);
   p.model->to(device, dtype);
   p.model->eval();
@@ -123,7 +125,8 @@ int run_eval(EvalArgs a) {
   // ---- data + loop -------------------------------------------------------------------------
   data::SampleContext ctx;
   ctx.tokenizer = &tokenizer;
-  ctx.template_options = {data::ChatTemplate::kLlava, p.config.image_token_index,
+  ctx.template_options = {data::resolve_chat_template(a.chat_template, tokenizer),
+                          p.config.image_token_index,
                           p.config.n_image_tokens(), true};
   ctx.image = p.image;
   ctx.max_length = a.max_length;
@@ -200,6 +203,10 @@ Stage setup_eval(CLI::App& app) {
   sub->add_option("--max-samples", a.max_samples, "evaluate at most the first N records (0 = all)")
       ->capture_default_str();
   sub->add_option("--max-length", a.max_length, "max prompt tokens")->capture_default_str();
+  sub->add_option("--chat-template", a.chat_template,
+                  "auto (the model folder's template, else llava) | llava | smollm2 | qwen2_vl | "
+                  "llama3")
+      ->capture_default_str();
   sub->add_option("--device", a.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   sub->add_option("--dtype", a.dtype, "float32 | bfloat16")->capture_default_str();
   sub->add_option("--num-workers", a.num_workers, "preprocessing threads")->capture_default_str();

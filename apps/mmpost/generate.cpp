@@ -41,6 +41,7 @@ struct GenerateArgs {
   int64_t batch_size = 8;  // prompts per batch (B * num_generations rows are generated)
   int64_t max_samples = 0;
   int64_t max_length = 2048;
+  std::string chat_template = "auto";
   int64_t num_workers = 2;
   std::string on_bad_sample = "error";
   double dist_timeout_s = 300;  // torchrun / srun launches
@@ -149,9 +150,10 @@ int run_generate(GenerateArgs a) {
 
   // ---- model -------------------------------------------------------------------------------
   auto p = hub::load_pretrained(a.model_dir);
-  MMPOST_CHECK_USAGE(!p.tokenizer_path.empty(), a.model_dir, ": no tokenizer.model in the folder");
-  data::Tokenizer tokenizer(p.tokenizer_path.string());
-  hub::add_hf_added_tokens(tokenizer, a.model_dir);
+  MMPOST_CHECK_USAGE(!p.tokenizer_path.empty(), a.model_dir,
+                     ": no tokenizer.model or tokenizer.json in the folder");
+  const auto tokenizer_ptr = hub::load_tokenizer(p.tokenizer_path);
+  data::Tokenizer& tokenizer = *tokenizer_ptr;
   tokenizer.add_special_token(data::kImagePlaceholder, p.config.image_token_index);
   p.model->to(device, dtype);
   p.model->eval();
@@ -159,7 +161,8 @@ int run_generate(GenerateArgs a) {
   // ---- data --------------------------------------------------------------------------------
   data::SampleContext ctx;
   ctx.tokenizer = &tokenizer;
-  ctx.template_options = {data::ChatTemplate::kLlava, p.config.image_token_index,
+  ctx.template_options = {data::resolve_chat_template(a.chat_template, tokenizer),
+                          p.config.image_token_index,
                           p.config.n_image_tokens(), true};
   ctx.image = p.image;
   ctx.max_length = a.max_length;
@@ -318,6 +321,10 @@ Stage setup_generate(CLI::App& app) {
   sub->add_option("--max-samples", a.max_samples, "use at most the first N prompt records (0 = all)")
       ->capture_default_str();
   sub->add_option("--max-length", a.max_length, "max prompt tokens")->capture_default_str();
+  sub->add_option("--chat-template", a.chat_template,
+                  "auto (the model folder's template, else llava) | llava | smollm2 | qwen2_vl | "
+                  "llama3")
+      ->capture_default_str();
   sub->add_option("--device", a.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   sub->add_option("--dtype", a.dtype, "float32 | bfloat16")->capture_default_str();
   sub->add_option("--num-workers", a.num_workers, "preprocessing threads")->capture_default_str();

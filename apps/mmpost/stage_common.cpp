@@ -165,14 +165,14 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   sm.image.image_size = mcfg.vision_config.image_size;
   sm.image.max_pixels = img.max_pixels;  // the recipe's, whatever the checkpoint's processor says
   static_assert(config::ImageSection{}.max_pixels == data::kDefaultMaxPixels);
-  MMPOST_CHECK_USAGE(!sm.tokenizer_path.empty(), "model.tokenizer: no tokenizer.model found",
-                     "\n  hint: set model.tokenizer to a sentencepiece model");
-  sm.tokenizer = std::make_unique<data::Tokenizer>(sm.tokenizer_path.string());
+  MMPOST_CHECK_USAGE(!sm.tokenizer_path.empty(),
+                     "model.tokenizer: no tokenizer.model or tokenizer.json found",
+                     "\n  hint: set model.tokenizer to a sentencepiece model or a tokenizer.json");
+  // The files beside it (tokenizer_config.json, tokenizer.json's added tokens, the chat
+  // template) belong to it, e.g. llava-hf's <image> 32000, SmolLM2's <|im_end|> EOS.
+  sm.tokenizer = hub::load_tokenizer(sm.tokenizer_path);
   if (!sm.tokenizer->normalizer_note().empty()) {
     log_warn(sm.tokenizer_path.string() + ": " + sm.tokenizer->normalizer_note());
-  }
-  if (!sm.source.empty() && sm.tokenizer_path.parent_path() == sm.source) {
-    hub::add_hf_added_tokens(*sm.tokenizer, sm.source);  // e.g. llava-hf's <image> 32000
   }
   sm.tokenizer->add_special_token(data::kImagePlaceholder, mcfg.image_token_index);
   MMPOST_CHECK_USAGE(sm.tokenizer->vocab_size() <= mcfg.text_config.vocab_size, "tokenizer ",
@@ -192,7 +192,8 @@ data::SampleContext make_sample_context(const StageModel& sm, const config::Data
   const auto& mcfg = sm.model->config();
   data::SampleContext ctx;
   ctx.tokenizer = sm.tokenizer.get();
-  ctx.template_options = {data::parse_chat_template(data.chat_template), mcfg.image_token_index,
+  ctx.template_options = {data::resolve_chat_template(data.chat_template, *sm.tokenizer),
+                          mcfg.image_token_index,
                           mcfg.n_image_tokens(), false};
   ctx.image = sm.image;
   ctx.base_dir = fs::path(path).parent_path();

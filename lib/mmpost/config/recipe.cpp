@@ -24,7 +24,7 @@ void check_one_of(const std::string& path, const std::string& value) {
 const std::vector<Choice>& recipe_choices() {
   static const std::vector<Choice> kChoices = {
       {"model.freeze", {"vision_tower", "projector", "language_model"}},
-      {"data.chat_template", {"llava"}},
+      {"data.chat_template", {"auto", "llava", "smollm2", "qwen2_vl", "llama3"}},
       {"data.on_bad_sample", {"error", "skip"}},
       {"data.image.resize_mode", {"shortest_edge_center_crop", "pad_to_square"}},
       {"data.image.interpolation",

@@ -57,7 +57,7 @@ struct ImageSection {
 struct DataSection {
   std::string train;                      // JSONL (TRL conversational form)
   std::string eval;                       // JSONL for periodic evaluation (optional)
-  std::string chat_template = "llava";    // llava (USER: ... ASSISTANT: ...</s>)
+  std::string chat_template = "auto";     // the model's template, else llava; or a name
   int64_t max_length = 512;               // tokens after image expansion
   std::string on_bad_sample = "error";    // error | skip
   int64_t num_workers = 2;                // preprocessing threads
@@ -68,7 +68,9 @@ struct DataSection {
   void visit(V& v) {
     v("train", train, "training JSONL");
     v("eval", eval, "evaluation JSONL (optional)");
-    v("chat_template", chat_template, "prompt format: llava");
+    v("chat_template", chat_template,
+      "prompt format: auto (the model folder's chat template, else llava) | llava | smollm2 | "
+      "qwen2_vl | llama3");
     v("max_length", max_length, "max tokens per sample (image tokens included)");
     v("on_bad_sample", on_bad_sample, "error | skip (skips are counted and reported)");
     v("num_workers", num_workers, "preprocessing threads");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,11 +16,30 @@ namespace mmpost::data {
 /// Placeholder text for one image in message content.
 inline constexpr const char* kImagePlaceholder = "<image>";
 
-/// Prompt formats. kLlava is LLaVA-1.5's: "USER: <image>\n{q} ASSISTANT: {a}</s>USER: ...".
-enum class ChatTemplate { kLlava };
+/// Prompt formats. kLlava is LLaVA-1.5's training format: "USER: <image>\n{q} ASSISTANT: {a}</s>
+/// USER: ..." (llava-hf's checkpoint template is recognised as it: its prompts render the same,
+/// its replies end with " " where this ends them with EOS). The others render exactly what the
+/// checkpoint's template gives through transformers' apply_chat_template:
+///   kSmolLM2  ChatML, default system "You are a helpful AI assistant named SmolLM, ...";
+///   kQwen2Vl  ChatML, default system "You are a helpful assistant.", each image as
+///             <|vision_start|><|image_pad|><|vision_end|> (its "\n" after <image> dropped);
+///   kLlama3   <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content.strip()}
+///             <|eot_id|>, no default system (Meta-Llama-3-8B-Instruct).
+enum class ChatTemplate { kLlava, kSmolLM2, kQwen2Vl, kLlama3 };
 
-/// Parses a template name; throws Error(kUsage) listing the valid names.
+/// Parses a template name (llava, smollm2, qwen2_vl, llama3); throws Error(kUsage) listing the
+/// valid names.
 ChatTemplate parse_chat_template(const std::string& name);
+std::string chat_template_name(ChatTemplate t);
+
+/// The template a checkpoint's jinja text is (compared with the known checkpoints' templates,
+/// whitespace ignored), or nullopt for any other text.
+std::optional<ChatTemplate> recognize_chat_template(const std::string& jinja);
+
+/// data.chat_template as a stage resolves it: "auto" takes the tokenizer's checkpoint template
+/// when it has one (refused by name with a hint when it is not recognised), else kLlava; any
+/// other value names the template and wins. Throws Error(kUsage).
+ChatTemplate resolve_chat_template(const std::string& setting, const Tokenizer& tokenizer);
 
 /// One conversation turn; role is "system", "user" or "assistant".
 struct Message {
@@ -43,14 +63,18 @@ struct TemplateOptions {
   bool add_generation_prompt = false;  // append the assistant marker ("ASSISTANT:") at the end
 };
 
-/// Builds ids turn by turn: [BOS] then each turn's text; consecutive unsupervised text is
-/// tokenized as one chunk (the first with sentencepiece's dummy prefix, later ones without), each
-/// assistant reply " {content}" + EOS as its own supervised chunk. TORCH_CHECKs nothing; throws
-/// Error(kData) for an unknown role.
+/// Builds ids turn by turn: [BOS] (when the tokenizer adds one and the template does not write
+/// it) then each turn's text; consecutive unsupervised text is tokenized as one chunk (the first
+/// with sentencepiece's dummy prefix, later ones without), each assistant reply with its end
+/// token as its own supervised chunk: llava " {content}" + EOS, ChatML "{content}<|im_end|>",
+/// Llama-3 "{content}<|eot_id|>" (the "\n" after <|im_end|> is not supervised). The end token is
+/// labelled even when it is also the pad token (SmolLM2: pad == EOS). Throws Error(kData) for an
+/// unknown role.
 EncodedConversation encode_conversation(const std::vector<Message>& messages,
                                         const Tokenizer& tokenizer, const TemplateOptions& opts);
 
-/// The text the template renders (for logs, `inspect` and tests); images stay as "<image>".
+/// The text the template renders (for logs, `inspect` and tests): apply_chat_template's text
+/// for the checkpoint templates; llava's images stay as "<image>", qwen2_vl's as <|image_pad|>.
 std::string render_conversation(const std::vector<Message>& messages, const Tokenizer& tokenizer,
                                 const TemplateOptions& opts);
 

@@ -288,11 +288,11 @@ std::string Tokenizer::decode(const std::vector<int64_t>& ids) const {
   };
   for (int64_t id : ids) {
     auto it = special_text_.find(id);
-    if (it != special_text_.end()) {
+    if (id == bos_id_ || id == eos_id_ || id == pad_id_) {
+      continue;  // a tokenizer.json's BOS/EOS are added tokens too: dropped all the same
+    } else if (it != special_text_.end()) {
       flush();
       out += it->second;
-    } else if (id == bos_id_ || id == eos_id_ || id == pad_id_) {
-      continue;
     } else if (id >= 0 && id < model_size()) {
       run.push_back(static_cast<int>(id));
     }

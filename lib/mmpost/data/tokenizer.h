@@ -77,6 +77,10 @@ class Tokenizer {
   void set_bos_id(int64_t id) { bos_id_ = id; }
   void set_eos_id(int64_t id) { eos_id_ = id; }
   void set_unk_id(int64_t id) { unk_id_ = id; }
+  /// The checkpoint's chat template (jinja text from tokenizer_config.json "chat_template" or
+  /// chat_template.jinja), empty when it has none; written back when the folder is saved.
+  void set_chat_template(std::string jinja) { chat_template_ = std::move(jinja); }
+  const std::string& chat_template() const { return chat_template_; }
   const std::string& path() const { return path_; }
   /// The tokenizer.model bytes as loaded. Model folders are written from these, never re-read
   /// from path(): a run's checkpoints are pruned, and the file it came from may be gone.
@@ -92,6 +96,7 @@ class Tokenizer {
   std::string path_;
   std::string model_bytes_;
   std::string normalizer_note_;
+  std::string chat_template_;
   bool legacy_ = false;
   bool add_bos_ = true;
   std::map<std::string, int64_t> specials_;  // text -> id

@@ -2,8 +2,10 @@
 #include "mmpost/hub/hf_folder.h"
 
 #include <fstream>
+#include <set>
 
 #include "mmpost/core/check.h"
+#include "mmpost/data/chat_template.h"
 #include "mmpost/io/checkpoint.h"
 #include "mmpost/io/safetensors.h"
 #include "mmpost/model/hf.h"
@@ -53,7 +55,7 @@ Pretrained load_pretrained(const fs::path& dir) {
                      "\n  hint: check that config.json has its vision_config and text_config");
   p.model = model::build_vlm(p.config);
   model::load_hf_weights(*p.model, tensors, dir.string());
-  if (fs::is_regular_file(dir / "tokenizer.model")) p.tokenizer_path = dir / "tokenizer.model";
+  p.tokenizer_path = find_tokenizer(dir);
   p.image.image_size = p.config.vision_config.image_size;
   // Both files are read when present: transformers 5 loads processor_config.json, 4.x
   // preprocessor_config.json; each must describe the preprocessing the model was trained with.
@@ -81,6 +83,43 @@ Pretrained load_pretrained(const fs::path& dir) {
   return p;
 }
 
+namespace {
+/// A special-token field of tokenizer_config.json: "text", {"content": "text"} or null -> text
+/// or "".
+std::string token_name(const nlohmann::json& cfg, const char* key) {
+  if (!cfg.contains(key) || cfg[key].is_null()) return "";
+  const auto& v = cfg[key];
+  return v.is_object() ? v.at("content").get<std::string>() : v.get<std::string>();
+}
+
+/// Whether tokenizer.json's post_processor puts BOS before the text (TemplateProcessing
+/// [BOS, $A]); [$A], ByteLevel (offsets only) and none add nothing. Anything else is refused.
+bool post_processor_adds_bos(const nlohmann::json& pp, const data::Tokenizer& tok,
+                             const fs::path& file) {
+  if (pp.is_null()) return false;
+  const std::string type = pp.value("type", std::string("?"));
+  if (type == "ByteLevel") return false;
+  if (type == "Sequence") {
+    bool bos = false;
+    for (const auto& p : pp.at("processors")) bos = post_processor_adds_bos(p, tok, file) || bos;
+    return bos;
+  }
+  MMPOST_CHECK_USAGE(type == "TemplateProcessing", file.string(), ": post_processor.type ", type,
+                     " is not reproduced (mmpost reads TemplateProcessing, ByteLevel, Sequence)");
+  std::vector<std::string> single;
+  for (const auto& item : pp.at("single")) {
+    single.push_back(item.contains("SpecialToken") ? item["SpecialToken"].at("id").get<std::string>()
+                                                   : std::string("$A"));
+  }
+  if (single == std::vector<std::string>{"$A"}) return false;
+  const std::string bos = tok.bos_id() >= 0 ? tok.id_to_piece(tok.bos_id()) : "(none)";
+  MMPOST_CHECK_USAGE(single == (std::vector<std::string>{bos, "$A"}), file.string(),
+                     ": post_processor.single adds tokens mmpost does not reproduce (it "
+                     "reproduces [", bos, ", $A] and [$A])");
+  return true;
+}
+}  // namespace
+
 void add_hf_added_tokens(data::Tokenizer& tok, const fs::path& dir) {
   auto add = [&](const fs::path& file, int64_t id, const std::string& content) {
     if (id == tok.bos_id() || id == tok.eos_id() || id == tok.unk_id()) return;
@@ -91,51 +130,36 @@ void add_hf_added_tokens(data::Tokenizer& tok, const fs::path& dir) {
     }
   };
   const fs::path tok_json = dir / "tokenizer.json", tok_cfg = dir / "tokenizer_config.json";
-  if (fs::is_regular_file(tok_json)) {
-    const auto j = read_json(tok_json);
-    try {
-      for (const auto& t : j.value("added_tokens", nlohmann::json::array())) {
-        add(tok_json, t.at("id").get<int64_t>(), t.at("content").get<std::string>());
-      }
-      // The post-processor decides whether transformers puts BOS (or EOS) around the text.
-      const auto pp = j.value("post_processor", nlohmann::json());
-      if (pp.is_null()) {
-        tok.set_add_bos(false);
-      } else {
-        MMPOST_CHECK_USAGE(pp.value("type", "") == "TemplateProcessing", tok_json.string(),
-                           ": post_processor.type ", pp.value("type", std::string("?")),
-                           " is not reproduced (mmpost reads TemplateProcessing)");
-        std::vector<std::string> single;
-        for (const auto& item : pp.at("single")) {
-          single.push_back(item.contains("SpecialToken") ? item["SpecialToken"].at("id").get<std::string>()
-                                                         : std::string("$A"));
-        }
-        const std::string bos = tok.id_to_piece(tok.bos_id());
-        const bool with_bos = single == std::vector<std::string>{bos, "$A"};
-        MMPOST_CHECK_USAGE(with_bos || single == std::vector<std::string>{"$A"}, tok_json.string(),
-                           ": post_processor.single adds tokens mmpost does not reproduce (it "
-                           "reproduces [", bos, ", $A] and [$A])");
-        tok.set_add_bos(with_bos);
-      }
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(ErrorKind::kUsage, tok_json.string() + ": added_tokens: " + e.what());
-    }
-  }
-  if (!fs::is_regular_file(tok_cfg)) return;
-  const auto j = read_json(tok_cfg);
+  const auto cfg = fs::is_regular_file(tok_cfg) ? read_json(tok_cfg) : nlohmann::json::object();
   try {
-    const auto decoder = j.value("added_tokens_decoder", nlohmann::json::object());
+    const auto decoder = cfg.value("added_tokens_decoder", nlohmann::json::object());
     for (const auto& [key, t] : decoder.items()) {
       add(tok_cfg, std::stoll(key), t.at("content").get<std::string>());
     }
+    if (tok.kind() == "bpe") {
+      // A tokenizer.json names no roles: bos/eos/unk/pad come from tokenizer_config.json by
+      // text, each of which must be a token (e.g. SmolLM2: <|im_start|>, <|im_end|> = pad).
+      const std::pair<const char*, void (data::Tokenizer::*)(int64_t)> roles[] = {
+          {"bos_token", &data::Tokenizer::set_bos_id}, {"eos_token", &data::Tokenizer::set_eos_id},
+          {"unk_token", &data::Tokenizer::set_unk_id}, {"pad_token", &data::Tokenizer::set_pad_id}};
+      for (const auto& [key, set] : roles) {
+        const std::string name = token_name(cfg, key);
+        if (name.empty()) continue;
+        const int64_t id = tok.piece_to_id(name);
+        MMPOST_CHECK_USAGE(id >= 0, tok_cfg.string(), ": ", key, " \"", name,
+                           "\" is not a token of ", tok_json.string());
+        (tok.*set)(id);
+      }
+    }
     // transformers 5 builds a Llama tokenizer's pre-tokenizer from this flag (not from
     // tokenizer.json): legacy true puts the "▁" prefix on every chunk after a special token too.
-    if (j.contains("legacy") && j["legacy"].is_boolean()) tok.set_legacy(j["legacy"].get<bool>());
-    if (j.contains("pad_token") && !j["pad_token"].is_null()) {
-      const auto& v = j["pad_token"];
-      const int64_t pad = tok.piece_to_id(v.is_object() ? v.at("content").get<std::string>()
-                                                        : v.get<std::string>());
-      if (pad >= 0) tok.set_pad_id(pad);
+    if (cfg.contains("legacy") && cfg["legacy"].is_boolean()) tok.set_legacy(cfg["legacy"].get<bool>());
+    if (cfg.contains("chat_template") && cfg["chat_template"].is_string()) {
+      tok.set_chat_template(cfg["chat_template"].get<std::string>());
+    } else if (cfg.contains("chat_template") && cfg["chat_template"].is_array()) {
+      for (const auto& t : cfg["chat_template"]) {  // [{name, template}]: the "default" one
+        if (t.value("name", "") == "default") tok.set_chat_template(t.at("template").get<std::string>());
+      }
     }
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorKind::kUsage, tok_cfg.string() + ": " + e.what());
@@ -143,7 +167,92 @@ void add_hf_added_tokens(data::Tokenizer& tok, const fs::path& dir) {
     throw Error(ErrorKind::kUsage,
                 tok_cfg.string() + ": added_tokens_decoder: bad id: " + e.what());
   }
+  // transformers 5 writes the template to its own file, which wins over tokenizer_config.json.
+  if (const fs::path jinja = dir / "chat_template.jinja"; fs::is_regular_file(jinja)) {
+    std::ifstream in(jinja, std::ios::binary);
+    tok.set_chat_template(std::string(std::istreambuf_iterator<char>(in), {}));
+  } else if (const fs::path cj = dir / "chat_template.json";
+             tok.chat_template().empty() && fs::is_regular_file(cj)) {
+    const auto j = read_json(cj);  // processor template (llava-hf, Qwen2-VL)
+    if (j.contains("chat_template") && j["chat_template"].is_string())
+      tok.set_chat_template(j["chat_template"].get<std::string>());
+  }
+  if (fs::is_regular_file(tok_json)) {
+    const auto j = read_json(tok_json);
+    try {
+      for (const auto& t : j.value("added_tokens", nlohmann::json::array())) {
+        add(tok_json, t.at("id").get<int64_t>(), t.at("content").get<std::string>());
+      }
+      // The post-processor decides whether transformers puts BOS (or EOS) around the text.
+      tok.set_add_bos(post_processor_adds_bos(j.value("post_processor", nlohmann::json()), tok,
+                                              tok_json));
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(ErrorKind::kUsage, tok_json.string() + ": added_tokens: " + e.what());
+    }
+  }
+  if (tok.kind() != "bpe") {  // after both files: <pad> may be an added token of either
+    const std::string pad_name = token_name(cfg, "pad_token");
+    const int64_t pad = pad_name.empty() ? -1 : tok.piece_to_id(pad_name);
+    if (pad >= 0) tok.set_pad_id(pad);
+  }
+  if (tok.kind() == "bpe") {
+    MMPOST_CHECK_USAGE(tok.eos_id() >= 0, tok_cfg.string(),
+                       ": no eos_token: a tokenizer.json needs tokenizer_config.json to name its "
+                       "EOS (replies end with it)");
+  }
 }
+
+std::unique_ptr<data::Tokenizer> load_tokenizer(const fs::path& file) {
+  auto tok = std::make_unique<data::Tokenizer>(file.string());
+  add_hf_added_tokens(*tok, file.parent_path().empty() ? fs::path(".") : file.parent_path());
+  return tok;
+}
+
+fs::path find_tokenizer(const fs::path& dir) {
+  if (fs::is_regular_file(dir / "tokenizer.model")) return dir / "tokenizer.model";
+  if (fs::is_regular_file(dir / "tokenizer.json")) return dir / "tokenizer.json";
+  return {};
+}
+
+namespace {
+/// tokenizer.json (the loaded bytes, plus added tokens registered since, e.g. <image>),
+/// tokenizer_config.json naming bos/eos/unk/pad and carrying the chat template, and
+/// special_tokens_map.json: what PreTrainedTokenizerFast (transformers 4 and 5) reads back.
+void save_bpe_tokenizer(const fs::path& dir, const data::Tokenizer& tok, int64_t max_length) {
+  nlohmann::json j = nlohmann::json::parse(tok.model_bytes());
+  std::set<int64_t> have;
+  for (const auto& t : j["added_tokens"]) have.insert(t.at("id").get<int64_t>());
+  for (const auto& [id, text] : tok.added_tokens()) {
+    if (have.count(id)) continue;
+    j["added_tokens"].push_back({{"id", id}, {"content", text}, {"single_word", false},
+                                 {"lstrip", false}, {"rstrip", false}, {"normalized", false},
+                                 {"special", true}});
+  }
+  io::write_text_atomic(dir / "tokenizer.json", j.dump(2) + "\n");
+  nlohmann::json decoder = nlohmann::json::object();
+  for (const auto& t : j["added_tokens"]) {
+    decoder[std::to_string(t.at("id").get<int64_t>())] = {
+        {"content", t.at("content")}, {"lstrip", t.value("lstrip", false)},
+        {"normalized", t.value("normalized", false)}, {"rstrip", t.value("rstrip", false)},
+        {"single_word", t.value("single_word", false)}, {"special", t.value("special", true)}};
+  }
+  auto name = [&](int64_t id) { return id >= 0 ? nlohmann::json(tok.id_to_piece(id)) : nlohmann::json(); };
+  nlohmann::json special = {{"bos_token", name(tok.bos_id())}, {"eos_token", name(tok.eos_id())},
+                            {"unk_token", name(tok.unk_id())}, {"pad_token", name(tok.pad_id())}};
+  nlohmann::json cfg = special;
+  cfg.update({{"tokenizer_class", "PreTrainedTokenizerFast"},
+              {"model_max_length", max_length},
+              {"added_tokens_decoder", decoder},
+              {"padding_side", "left"}});
+  if (tok.piece_to_id(data::kImagePlaceholder) >= 0) {
+    cfg["image_token"] = data::kImagePlaceholder;
+    cfg["processor_class"] = "LlavaProcessor";
+  }
+  if (!tok.chat_template().empty()) cfg["chat_template"] = tok.chat_template();
+  io::write_text_atomic(dir / "tokenizer_config.json", cfg.dump(2) + "\n");
+  io::write_text_atomic(dir / "special_tokens_map.json", special.dump(2) + "\n");
+}
+}  // namespace
 
 void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tokenizer_path,
                      const data::ImageProcessorConfig& image, torch::Dtype save_dtype,
@@ -162,7 +271,9 @@ void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tok
   io::write_text_atomic(dir / "config.json", cfg.dump(2) + "\n");
   io::save_safetensors_sharded(dir, tensors, max_shard_bytes);
   const auto& tc = model->config().text_config;
-  if (tokenizer != nullptr || !tokenizer_path.empty()) {
+  if (tokenizer != nullptr && tokenizer->kind() == "bpe") {
+    save_bpe_tokenizer(dir, *tokenizer, tc.max_position_embeddings);
+  } else if (tokenizer != nullptr || !tokenizer_path.empty()) {
     if (tokenizer != nullptr) {  // the bytes in memory: the file it came from may be pruned
       io::write_text_atomic(dir / "tokenizer.model", tokenizer->model_bytes());
     } else if (fs::absolute(tokenizer_path) != fs::absolute(dir / "tokenizer.model")) {
@@ -189,6 +300,7 @@ void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tok
       if (!decoder.empty()) tok_cfg["added_tokens_decoder"] = decoder;
       if (tokenizer->pad_id() >= 0) tok_cfg["pad_token"] = tokenizer->id_to_piece(tokenizer->pad_id());
       if (tokenizer->pad_id() >= 0) special["pad_token"] = tokenizer->id_to_piece(tokenizer->pad_id());
+      if (!tokenizer->chat_template().empty()) tok_cfg["chat_template"] = tokenizer->chat_template();
     } else if (tc.pad_token_id) {
       tok_cfg["pad_token"] = "<pad>";
     }

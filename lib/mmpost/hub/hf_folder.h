@@ -6,6 +6,7 @@
 #pragma once
 
 #include <filesystem>
+#include <memory>
 #include <string>
 
 #include "mmpost/data/image.h"
@@ -18,7 +19,7 @@ namespace mmpost::hub {
 struct Pretrained {
   model::VlmConfig config;
   model::Vlm model{nullptr};
-  std::filesystem::path tokenizer_path;  // empty when the folder has no tokenizer.model
+  std::filesystem::path tokenizer_path;  // tokenizer.model, else tokenizer.json, else empty
   data::ImageProcessorConfig image;      // preprocessor_config.json, else processor_config.json's
                                          // "image_processor" (transformers 5), else defaults
   bool has_processor_config = false;     // the folder had either file
@@ -39,6 +40,17 @@ Pretrained load_pretrained(const std::filesystem::path& dir);
 /// when tokenizer_config.json names a pad_token. Missing files are skipped. Throws Error(kUsage)
 /// naming the file for invalid JSON or an id that contradicts the sentencepiece model.
 void add_hf_added_tokens(data::Tokenizer& tok, const std::filesystem::path& dir);
+
+/// The tokenizer file of folder DIR: tokenizer.model (sentencepiece) if present, else
+/// tokenizer.json (byte-level BPE), else empty.
+std::filesystem::path find_tokenizer(const std::filesystem::path& dir);
+
+/// Loads a tokenizer file (tokenizer.model or tokenizer.json) and applies add_hf_added_tokens
+/// with the files beside it: added tokens, BOS from the post_processor, for a tokenizer.json the
+/// bos/eos/unk/pad tokens named in tokenizer_config.json (an EOS is required), and the chat
+/// template (tokenizer_config.json "chat_template", chat_template.jinja, chat_template.json).
+/// Throws Error(kUsage) naming the file.
+std::unique_ptr<data::Tokenizer> load_tokenizer(const std::filesystem::path& file);
 
 /// Writes a model folder (atomic files): config.json, model.safetensors (float32 unless
 /// `save_dtype` says otherwise; sharded above max_shard_bytes), tokenizer.model (from

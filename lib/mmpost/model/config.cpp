@@ -180,6 +180,34 @@ TextConfig text_from_json(const json& j) {
 
 }  // namespace
 
+TextConfig causal_lm_config_from_json(const json& j, const std::string& where) {
+  MMPOST_CHECK_USAGE(j.is_object(), where, ": expected a JSON object");
+  if (auto it = j.find("architectures"); it != j.end() && it->is_array()) {
+    for (const auto& a : *it) {
+      MMPOST_CHECK_USAGE(a == "LlamaForCausalLM", where, ": architectures: unsupported ",
+                         a.dump(), " (supported: LlamaForCausalLM)");
+    }
+  }
+  json text = j;
+  // Keys of a causal LM's top level that a LLaVA text_config does not carry.
+  for (const char* key : {"architectures", "unk_token_id", "_model_name_or_path"}) text.erase(key);
+  try {
+    TextConfig t = text_from_json(text);
+    VlmConfig probe;  // the cross-field rules
+    probe.text_config = t;
+    probe.vision_config.image_size = probe.vision_config.patch_size;
+    validate(probe);
+    return t;
+  } catch (const Error& e) {
+    std::string m = e.message();
+    const std::string prefix = "config.json: text_config.";
+    if (m.rfind(prefix, 0) == 0) m = where + ": " + m.substr(prefix.size());
+    std::string h = e.hint();
+    if (auto pos = h.find("\"text_config."); pos != std::string::npos) h.erase(pos + 1, 12);
+    throw Error(e.kind(), m, h);
+  }
+}
+
 int64_t VlmConfig::n_image_tokens() const {
   return vision_config.n_patches() + (vision_feature_select_strategy == "full" ? 1 : 0);
 }

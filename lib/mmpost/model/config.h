@@ -77,6 +77,12 @@ struct VlmConfig {
 /// values (e.g. `config.json: text_config.hidden_act: unsupported "relu2" (supported: ...)`).
 VlmConfig vlm_config_from_json(const nlohmann::json& j, const std::string& where = "config.json");
 
+/// Reads a pretrained language model's config.json (LlamaForCausalLM, e.g. SmolLM2) as the
+/// text_config of a LLaVA model: the same keys and checks as vlm_config_from_json's
+/// text_config, with messages naming `where` (e.g. "lm/config.json: hidden_act: unsupported").
+/// Throws mmpost::Error (kUsage).
+TextConfig causal_lm_config_from_json(const nlohmann::json& j, const std::string& where);
+
 /// Writes an HF-loadable config.json object ("architectures": ["LlavaForConditionalGeneration"]).
 nlohmann::json vlm_config_to_json(const VlmConfig& c);
 
