@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 #include "mmpost/cli_common.h"
@@ -14,6 +15,7 @@
 #include "mmpost/data/chat_template.h"
 #include "mmpost/data/loader.h"
 #include "mmpost/data/sft_dataset.h"
+#include "mmpost/hub/hf_folder.h"
 
 namespace mmpost::cli {
 namespace {
@@ -101,6 +103,49 @@ int run_bench(const BenchArgs& a) {
   return 0;
 }
 }  // namespace
+
+// mmpost bench-tokenize (hidden): encode throughput of a tokenizer file (tokenizer.model or
+// tokenizer.json, with the files beside it) on a text file cut into chunks of --chunk bytes at
+// UTF-8 boundaries, one thread, after one untimed pass. One JSON line: {"tokens_per_s",
+// "mb_per_s", "n_tokens", "bytes", "chunks", "seconds"}. For scripts/bench/smollm2.sh.
+Stage setup_bench_tokenize(CLI::App& app) {
+  auto* sub = app.add_subcommand("bench-tokenize", "time a tokenizer's encode on a text file");
+  sub->group("");
+  static std::string tokenizer, text;
+  static int64_t chunk = 4096, epochs = 3;
+  sub->add_option("--tokenizer", tokenizer, "tokenizer.model or tokenizer.json")->required();
+  sub->add_option("--text", text, "UTF-8 text file")->required();
+  sub->add_option("--chunk", chunk, "bytes per encode call")->capture_default_str();
+  sub->add_option("--epochs", epochs, "timed passes")->capture_default_str();
+  return {sub, [] {
+            std::ifstream in(text, std::ios::binary);
+            MMPOST_CHECK_USAGE(in.good(), text, ": cannot read");
+            const std::string all(std::istreambuf_iterator<char>(in), {});
+            std::vector<std::string> chunks;
+            for (size_t i = 0; i < all.size();) {
+              size_t n = std::min<size_t>(static_cast<size_t>(chunk), all.size() - i);
+              while (i + n < all.size() && (static_cast<unsigned char>(all[i + n]) & 0xC0) == 0x80) ++n;
+              chunks.push_back(all.substr(i, n));
+              i += n;
+            }
+            const auto tok = hub::load_tokenizer(tokenizer);
+            int64_t n_tokens = 0;
+            for (const auto& c : chunks) n_tokens += static_cast<int64_t>(tok->encode(c).size());
+            const auto t0 = std::chrono::steady_clock::now();
+            for (int64_t e = 0; e < epochs; ++e) {
+              for (const auto& c : chunks) tok->encode(c);
+            }
+            const double s =
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+            std::cout << nlohmann::json({{"tokens_per_s", n_tokens * epochs / s},
+                                         {"mb_per_s", all.size() * epochs / s / 1e6},
+                                         {"n_tokens", n_tokens}, {"bytes", all.size()},
+                                         {"chunks", chunks.size()}, {"seconds", s}})
+                             .dump()
+                      << std::endl;
+            return 0;
+          }};
+}
 
 Stage setup_bench(CLI::App& app) {
   auto* sub = app.add_subcommand("bench-preprocess", "time the SFT preprocessing stage alone");

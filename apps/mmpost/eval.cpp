@@ -33,6 +33,7 @@ struct EvalArgs {
   int64_t max_samples = 0;
   int64_t max_length = 2048;
   std::string chat_template = "auto";
+  std::string metric = "exact_match";  // exact_match | perplexity
   int64_t num_workers = 2;
   int64_t num_threads = 0;
   std::string on_bad_sample = "error";
@@ -103,6 +104,8 @@ int run_eval(EvalArgs a) {
   // ---- setup -------------------------------------------------------------------------------
   MMPOST_CHECK_USAGE(a.on_bad_sample == "error" || a.on_bad_sample == "skip",
                      "--on-bad-sample: \"", a.on_bad_sample, "\" is not one of error, skip");
+  MMPOST_CHECK_USAGE(a.metric == "exact_match" || a.metric == "perplexity", "--metric: \"",
+                     a.metric, "\" is not one of exact_match, perplexity");
   MMPOST_CHECK_USAGE(a.max_new_tokens > 0 && a.batch_size > 0 && a.num_workers > 0,
                      "--max-new-tokens, --batch-size and --num-workers must be > 0");
   if (a.num_threads > 0) torch::set_num_threads(static_cast<int>(a.num_threads));
@@ -135,6 +138,30 @@ int run_eval(EvalArgs a) {
   }
   MMPOST_CHECK_USAGE(a.ref_model.empty(), "--ref-model applies to preference data; ", a.data,
                      " holds no \"chosen\"/\"rejected\" pairs");
+  if (a.metric == "perplexity") {  // teacher-forced loss on the assistant turns
+    MMPOST_CHECK_USAGE(a.rewards.empty() && a.out.empty(),
+                       "--reward and --out apply to --metric exact_match");
+    ctx.template_options.add_generation_prompt = false;
+    train::LossEvalOptions lo;
+    lo.batch_size = a.batch_size;
+    lo.max_samples = a.max_samples;
+    lo.num_workers = a.num_workers;
+    lo.skip_bad = a.on_bad_sample == "skip";
+    lo.pg = dp.pg.get();
+    log_info("eval: perplexity of " + a.model_dir + " on " + io::display_name(a.data));
+    auto r = train::evaluate_loss(p.model, ctx, a.data, lo, device, dtype);
+    log_info("eval: loss " + std::to_string(r.loss) + " perplexity " +
+             std::to_string(r.perplexity) + " (" + std::to_string(r.n_tokens) + " tokens of " +
+             std::to_string(r.n) + " conversations, " + std::to_string(r.n_skipped) + " skipped)");
+    if (main_rank) {
+      std::cout << nlohmann::json({{"n", r.n}, {"n_tokens", r.n_tokens}, {"loss", r.loss},
+                                   {"perplexity", r.perplexity}, {"n_skipped", r.n_skipped},
+                                   {"model", a.model_dir}, {"data", io::display_name(a.data)}})
+                       .dump()
+                << std::endl;
+    }
+    return 0;
+  }
   std::unique_ptr<io::JsonlWriter> preds;
   if (!main_rank) {
     // rank 0 writes
@@ -206,6 +233,10 @@ Stage setup_eval(CLI::App& app) {
   sub->add_option("--chat-template", a.chat_template,
                   "auto (the model folder's template, else llava) | llava | smollm2 | qwen2_vl | "
                   "llama3")
+      ->capture_default_str();
+  sub->add_option("--metric", a.metric,
+                  "exact_match (greedy generation vs the final reply) | perplexity (teacher-"
+                  "forced loss on every assistant reply: {loss, perplexity, n_tokens})")
       ->capture_default_str();
   sub->add_option("--device", a.device, "auto | cpu | cuda | cuda:N")->capture_default_str();
   sub->add_option("--dtype", a.dtype, "float32 | bfloat16")->capture_default_str();

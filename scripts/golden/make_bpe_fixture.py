@@ -1,14 +1,16 @@
 """Golden fixture for mmpost's byte-level BPE (lib/mmpost/data/bpe.cpp) vs Hugging Face
 `tokenizers` (tests/golden/test_bpe_golden.cpp).
 
-Trains three small byte-level BPE tokenizers with `tokenizers` (vocab 600) on the repository's
+Trains four small byte-level BPE tokenizers with `tokenizers` (vocab 600) on the repository's
 README.md, one per pre-tokenizer family, and writes tests/golden/fixtures/bpe/:
   gpt2/tokenizer.json      ByteLevel(add_prefix_space=False) with GPT-2's regex
   smollm/tokenizer.json    Sequence[Digits(individual_digits), ByteLevel]  (SmolLM2)
   llama3/tokenizer.json    Sequence[Split(Llama-3 regex, Isolated), ByteLevel(use_regex=False)],
                            ignore_merges (Llama-3)
-  expected.json            per tokenizer and text: the ids and the pre-tokenization pieces
-                           `tokenizers` gives (encode without special tokens)
+  qwen2/tokenizer.json     NFC normalizer, Sequence[Split(Qwen2 regex: single digits, Isolated),
+                           ByteLevel(use_regex=False)] (Qwen2 / Qwen2-VL)
+  expected.json            per tokenizer and text: the ids, the pre-tokenization pieces and the
+                           decoded text `tokenizers` gives (encode without special tokens)
 The texts are hostile: NBSP, ideographic space, NEL, line/paragraph separators, combining marks,
 emoji ZWJ sequences, CJK, Arabic-Indic digits, CRLF, tabs, runs of spaces, contractions.
 
@@ -19,13 +21,16 @@ import os
 import shutil
 
 import tokenizers
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 OUT = os.path.join(ROOT, "tests", "golden", "fixtures", "bpe")
 
 LLAMA3 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+"
           r"[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+QWEN2 = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+         r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 TEXTS = [
     "Hello world! It's a test, isn't it? We'll see; they'd've LOVED IT'S",
@@ -46,6 +51,9 @@ TEXTS = [
     " ",
     "\n\n\n",
     "mixed123abc456 a1b2c3 ½ ² Ⅻ",
+    # NFC (Qwen2): decomposed accents compose, the Angstrom and Ohm signs become letters, Hangul
+    # jamo compose to syllables; compatibility forms (ﬁ, ①) stay.
+    "Café Å Ω 각 ﬁ ① Å",
 ]
 
 
@@ -63,9 +71,14 @@ def build(kind):
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Digits(individual_digits=True),
              pre_tokenizers.ByteLevel(add_prefix_space=False)])
-    else:
+    elif kind == "llama3":
         tok.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(LLAMA3), behavior="isolated", invert=False),
+             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    else:
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(QWEN2), behavior="isolated", invert=False),
              pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=600, min_frequency=2, show_progress=False,
@@ -80,7 +93,7 @@ def main():
     os.makedirs(OUT)
     expected = {"generator": "scripts/golden/make_bpe_fixture.py",
                 "tokenizers": tokenizers.__version__, "texts": TEXTS, "tokenizers_": {}}
-    for kind in ("gpt2", "smollm", "llama3"):
+    for kind in ("gpt2", "smollm", "llama3", "qwen2"):
         tok = build(kind)
         d = os.path.join(OUT, kind)
         os.makedirs(d)
@@ -88,9 +101,11 @@ def main():
         rows = []
         for t in TEXTS:
             enc = tok.encode(t, add_special_tokens=False)
-            pieces = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(t)]
-            assert tok.decode(enc.ids, skip_special_tokens=False) == t, (kind, t)
-            rows.append({"ids": enc.ids, "pieces": pieces})
+            normalized = tok.normalizer.normalize_str(t) if tok.normalizer else t
+            pieces = [p for p, _ in tok.pre_tokenizer.pre_tokenize_str(normalized)]
+            decoded = tok.decode(enc.ids, skip_special_tokens=False)
+            assert decoded == normalized, (kind, t)
+            rows.append({"ids": enc.ids, "pieces": pieces, "decoded": decoded})
         expected["tokenizers_"][kind] = rows
         print(kind, tok.get_vocab_size(), "tokens")
     with open(os.path.join(OUT, "expected.json"), "w", encoding="utf-8") as f:

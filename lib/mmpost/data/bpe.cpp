@@ -2,6 +2,10 @@
 // these tokenizers ship use \p{L}, \p{N} and lookahead, which std::regex and RE2 lack.
 #include "mmpost/data/bpe.h"
 
+#include <utf8proc.h>
+
+#include <cstdlib>
+
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
@@ -172,7 +176,11 @@ ByteLevelBpe::ByteLevelBpe(const nlohmann::json& j, const std::string& where) {
     }
 
     const auto normalizer = j.value("normalizer", nlohmann::json());
-    if (!normalizer.is_null()) refuse("normalizer.type", type_of(normalizer));
+    if (type_of(normalizer) == "NFC") {
+      nfc_ = true;  // Qwen2: canonical composition before pre-tokenization
+    } else if (!normalizer.is_null()) {
+      refuse("normalizer.type", type_of(normalizer));
+    }
 
     const auto pre = j.value("pre_tokenizer", nlohmann::json());
     std::vector<std::pair<nlohmann::json, std::string>> list;
@@ -295,12 +303,24 @@ void ByteLevelBpe::bpe_word(const std::string& mapped, std::vector<int64_t>& out
 
 std::vector<int64_t> ByteLevelBpe::encode(const std::string& text) const {
   std::vector<int64_t> out;
-  for (const auto& piece : pre_tokenize(text)) {
+  for (const auto& piece : pre_tokenize(nfc_ ? nfc(text) : text)) {
     std::string mapped;
     for (unsigned char c : piece) mapped += byte_to_unicode_[c];
     bpe_word(mapped, out);
   }
   return out;
+}
+
+std::string ByteLevelBpe::nfc(const std::string& text) {
+  if (text.empty()) return text;
+  utf8proc_uint8_t* out = nullptr;
+  const auto n = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                              static_cast<utf8proc_ssize_t>(text.size()), &out,
+                              static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  if (n < 0) return text;  // invalid UTF-8 goes through as bytes, as the byte-level model takes it
+  std::string s(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return s;
 }
 
 std::string ByteLevelBpe::decode(const std::vector<int64_t>& ids) const {

@@ -36,7 +36,7 @@ class ByteLevelBpe {
  public:
   /// Reads tokenizer.json's "model" (type BPE: vocab, merges as "a b" strings or [a, b] pairs,
   /// ignore_merges; byte_fallback, dropout, continuing_subword_prefix and end_of_word_suffix must
-  /// be off), "normalizer" (null only), "pre_tokenizer" (ByteLevel, Split, Digits or a Sequence of
+  /// be off), "normalizer" (null, or NFC as Qwen2's), "pre_tokenizer" (ByteLevel, Split, Digits or a Sequence of
   /// them) and "decoder" (ByteLevel). Anything else throws Error(kUsage) naming `where` and the
   /// JSON path ("tokenizer.json: normalizer.type: NFKC is not reproduced").
   ByteLevelBpe(const nlohmann::json& tokenizer_json, const std::string& where);
@@ -59,6 +59,10 @@ class ByteLevelBpe {
   /// The pre-tokenization pieces of `text`, before the byte mapping (for tests and inspect).
   std::vector<std::string> pre_tokenize(const std::string& text) const;
 
+  /// Unicode canonical composition (NFC, utf8proc) of UTF-8 text, as the NFC normalizer of
+  /// `tokenizers`; invalid UTF-8 is returned unchanged.
+  static std::string nfc(const std::string& text);
+
  private:
   void bpe_word(const std::string& mapped, std::vector<int64_t>& out) const;
 
@@ -68,6 +72,7 @@ class ByteLevelBpe {
   std::vector<std::string> id_to_token_;
   std::unordered_map<uint64_t, std::pair<int32_t, int64_t>> merges_;  // (left, right) -> rank, id
   bool ignore_merges_ = false;
+  bool nfc_ = false;  // normalizer {"type": "NFC"} (Qwen2)
   std::array<std::string, 256> byte_to_unicode_;          // byte -> UTF-8 of its mapped char
   std::unordered_map<uint32_t, uint8_t> unicode_to_byte_;  // mapped code point -> byte
 };

@@ -3,9 +3,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <map>
 #include <sstream>
 
+#include "mmpost/algo/sft_loss.h"
+#include "mmpost/core/check.h"
 #include "mmpost/core/log.h"
 #include "mmpost/data/collate.h"
 #include "mmpost/data/loader.h"
@@ -160,6 +163,71 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
   }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.samples_per_s = r.seconds > 0 ? r.n / r.seconds : 0.0;
+  return r;
+}
+
+LossEvalResult evaluate_loss(model::Vlm& model, const data::SampleContext& ctx,
+                             const std::string& path, const LossEvalOptions& opts,
+                             const torch::Device& device, torch::Dtype dtype) {
+  auto start = std::chrono::steady_clock::now();
+  data::SampleContext c = ctx;
+  c.source = io::display_name(path);
+  c.base_dir = io::relative_base(path);
+  data::LoaderOptions lo;
+  lo.path = path;
+  lo.batch_size = opts.batch_size;
+  lo.num_workers = opts.num_workers;
+  lo.skip_bad = opts.skip_bad;
+  lo.max_records = opts.max_samples;
+  const bool sharded = opts.pg != nullptr && opts.pg->world_size() > 1;
+  if (sharded) {
+    lo.rank = opts.pg->rank();
+    lo.world_size = opts.pg->world_size();
+  }
+  data::StreamingLoader<data::SftSample> loader(
+      lo, [&c](const nlohmann::json& rec, int64_t line) {
+        return data::make_sft_sample(rec, line, c, /*prompt_only=*/false);
+      });
+  int64_t total = data::count_records(path);
+  if (opts.max_samples > 0) total = std::min(total, opts.max_samples);
+  Progress progress("eval", total);
+  const auto& tok = *ctx.tokenizer;
+  const int64_t pad = tok.pad_id() >= 0 ? tok.pad_id() : tok.eos_id();
+  const bool was_training = model->is_training();
+  model->eval();
+  torch::NoGradGuard no_grad;
+  LossEvalResult r;
+  double loss_sum = 0.0;
+  while (true) {
+    auto samples = loader.next_batch();
+    if (!samples) break;
+    if (samples->empty()) continue;
+    auto batch = data::collate(*samples, pad).to(device, dtype);
+    auto logits = model->forward(batch.input_ids, batch.pixel_values, batch.attention_mask);
+    loss_sum += algo::sft_loss_sum(logits, batch.labels).item<double>();
+    r.n_tokens += algo::n_supervised_targets(batch.labels);
+    r.n += static_cast<int64_t>(samples->size());
+    if (opts.show_progress) {
+      progress.update(r.n, "loss " + std::to_string(r.n_tokens ? loss_sum / r.n_tokens : 0.0));
+    }
+  }
+  progress.finish();
+  if (was_training) model->train();
+  r.n_skipped = loader.n_skipped();
+  if (sharded) {
+    auto sums = dist::sum_over_ranks(
+        opts.pg, {loss_sum, static_cast<double>(r.n_tokens), static_cast<double>(r.n),
+                  static_cast<double>(r.n_skipped)});
+    loss_sum = sums[0];
+    r.n_tokens = static_cast<int64_t>(sums[1]);
+    r.n = static_cast<int64_t>(sums[2]);
+    r.n_skipped = static_cast<int64_t>(sums[3]);
+  }
+  MMPOST_CHECK_DATA(r.n_tokens > 0, io::display_name(path),
+                    ": no supervised token (no assistant reply) to compute a loss on");
+  r.loss = loss_sum / static_cast<double>(r.n_tokens);
+  r.perplexity = std::exp(r.loss);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return r;
 }
 

@@ -60,4 +60,32 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
                                       const torch::Device& device, torch::Dtype dtype,
                                       io::JsonlWriter* preds);
 
+/// Settings of evaluate_loss.
+struct LossEvalOptions {
+  int64_t batch_size = 8;
+  int64_t max_samples = 0;  // 0 = all
+  int64_t num_workers = 2;
+  bool skip_bad = false;
+  bool show_progress = true;
+  dist::ProcessGroup* pg = nullptr;  // as ExactMatchOptions::pg; the sums are all-reduced
+};
+
+/// Teacher-forced loss over a JSONL of conversations.
+struct LossEvalResult {
+  int64_t n = 0;          // conversations
+  int64_t n_tokens = 0;   // supervised targets (assistant replies and their end tokens)
+  int64_t n_skipped = 0;
+  double loss = 0.0;        // mean next-token cross-entropy per supervised target, nats
+  double perplexity = 0.0;  // exp(loss)
+  double seconds = 0.0;
+};
+
+/// Mean cross-entropy and perplexity of the model on the assistant turns of the JSONL at `path`
+/// (records as for SFT, labels as SFT builds them; the same quantity as the SFT loss, summed over
+/// every supervised token of the file and then divided, so batches of any size give one number).
+/// Throws Error(kData) for bad records unless opts.skip_bad, or when no token is supervised.
+LossEvalResult evaluate_loss(model::Vlm& model, const data::SampleContext& ctx,
+                             const std::string& path, const LossEvalOptions& opts,
+                             const torch::Device& device, torch::Dtype dtype);
+
 }  // namespace mmpost::train

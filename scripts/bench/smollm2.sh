@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# mmpost vs transformers on the real SmolLM2-135M-Instruct (as the language model of a VLM folder
+# from `mmpost init`; the same folder for both), CPU float32, the same torch threads:
+#   generate: the 40 prompts of data/instruct-text/heldout.jsonl, batches of 8, greedy, 32 new
+#             tokens (mmpost generate vs LlavaForConditionalGeneration.generate);
+#   sft:      full fine-tuning steps of batch 8 on the same text conversations (mmpost sft vs a
+#             plain PyTorch AdamW loop over transformers' model, scripts/bench/ref_smollm2.py).
+# The pairs run interleaved (mmpost, transformers, mmpost, ...) REPEATS times in this one
+# invocation; the ratio is taken pair by pair and the median printed, with each side's
+# in-process throughput (model loading excluded) and whole-process wall time.
+# Usage: bash scripts/bench/smollm2.sh      (about 10 minutes on 2 cores)
+# Env: REPEATS (3), THREADS (2), STEPS (10), BENCH_OUT (/tmp/mmpost-bench-smollm2)
+set -euo pipefail
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+cd "$ROOT"
+REPEATS=${REPEATS:-3}
+THREADS=${THREADS:-2}
+STEPS=${STEPS:-10}
+OUT=${BENCH_OUT:-/tmp/mmpost-bench-smollm2}
+PY="$ROOT/.venv/bin/python"
+MMPOST="$ROOT/build/mmpost"
+DATA="$ROOT/data/instruct-text/heldout.jsonl"
+rm -rf "$OUT" && mkdir -p "$OUT"
+LM=$("$PY" scripts/get_smollm2.py)
+"$MMPOST" init --language-model "$LM" --out "$OUT/vlm" --config \
+  '{"vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 32, "patch_size": 8}}' >/dev/null
+cat > "$OUT/sft.json" <<JSON
+{"seed": 0, "device": "cpu", "dtype": "float32", "num_threads": $THREADS,
+ "model": {"path": "$OUT/vlm"},
+ "data": {"train": "$DATA", "eval": "", "max_length": 256, "shuffle_buffer": 0, "num_workers": 2},
+ "optim": {"lr": 1e-5, "betas": [0.9, 0.98], "weight_decay": 0.0},
+ "scheduler": {"name": "constant", "warmup_steps": 0},
+ "train": {"batch_size": 8, "max_steps": $((STEPS + 1)), "clip_grad_norm": 1.0,
+           "log_every_n_steps": 1, "save_every_n_steps": 0}}
+JSON
+now() { date +%s.%N; }
+rows="$OUT/rows.jsonl"
+for r in $(seq 1 "$REPEATS"); do
+  # generate
+  t0=$(now)
+  "$MMPOST" generate --model "$OUT/vlm" --data "$DATA" --temperature 0 --max-new-tokens 32 \
+    --batch-size 8 > "$OUT/gen.jsonl" 2> "$OUT/gen.err"
+  t1=$(now)
+  mm=$(grep -o '[0-9.]* tokens/s' "$OUT/gen.err" | tail -1 | cut -d' ' -f1)
+  ref=$(OMP_NUM_THREADS=$THREADS "$PY" scripts/bench/ref_smollm2.py generate --model "$OUT/vlm" \
+          --data "$DATA" --threads "$THREADS")
+  t2=$(now)
+  echo "{\"bench\": \"generate\", \"mmpost_tok_s\": $mm, \"mmpost_wall_s\": $(awk "BEGIN{print $t1 - $t0}"), \"ref\": $ref, \"ref_wall_s\": $(awk "BEGIN{print $t2 - $t1}")}" >> "$rows"
+  # sft
+  t0=$(now)
+  rm -rf "$OUT/sft"
+  "$MMPOST" sft --recipe "$OUT/sft.json" --output "$OUT/sft" --no-resume >/dev/null 2> "$OUT/sft.err"
+  t1=$(now)
+  mm=$("$PY" -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if "loss" in l][1:]; print(sum(x["tokens_per_s"] for x in r)/len(r))' "$OUT/sft/metrics.jsonl")
+  ref=$(OMP_NUM_THREADS=$THREADS "$PY" scripts/bench/ref_smollm2.py sft --model "$OUT/vlm" \
+          --data "$DATA" --threads "$THREADS" --steps "$STEPS")
+  t2=$(now)
+  echo "{\"bench\": \"sft\", \"mmpost_tok_s\": $mm, \"mmpost_wall_s\": $(awk "BEGIN{print $t1 - $t0}"), \"ref\": $ref, \"ref_wall_s\": $(awk "BEGIN{print $t2 - $t1}")}" >> "$rows"
+  echo "[bench $(date +%T)] repeat $r/$REPEATS done" >&2
+done
+"$PY" - "$rows" <<'PY'
+import json, statistics, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print("| SmolLM2-135M, CPU fp32 | mmpost | transformers | speed-up of mmpost (median of pairs) |")
+print("|---|---|---|---|")
+for b, key in (("generate", "new_tokens_per_s"), ("sft", "tokens_per_s")):
+    rs = [r for r in rows if r["bench"] == b]
+    mm = [r["mmpost_tok_s"] for r in rs]
+    ref = [r["ref"][key] for r in rs]
+    ratio = statistics.median(m / f for m, f in zip(mm, ref))
+    wall = statistics.median(r["ref_wall_s"] / r["mmpost_wall_s"] for r in rs)
+    unit = "new tokens/s" if b == "generate" else "tokens/s (SFT step)"
+    print(f"| {b}: {unit} | {statistics.median(mm):.1f} | {statistics.median(ref):.1f} | {ratio:.2f}x |")
+    print(f"| {b}: whole-process wall s (incl. start-up, load) | {statistics.median(r['mmpost_wall_s'] for r in rs):.1f} | "
+          f"{statistics.median(r['ref_wall_s'] for r in rs):.1f} | {wall:.2f}x |")
+PY
