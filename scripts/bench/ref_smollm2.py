@@ -7,6 +7,8 @@ torch threads), as a transformers user runs it.
   sft:      --steps AdamW steps (lr 1e-5, betas (0.9, 0.98), clip 1.0) on the conversations of a
             text-only JSONL in file order, --batch-size per step, right-padded, labels on the
             assistant replies (as mmpost builds them) with -100 elsewhere; prints tokens/s.
+  tokenize: a text file cut into --chunk-byte pieces, encoded one by one with HF `tokenizers`
+            (and with encode_batch, its parallel API); prints tokens/s.
 One JSON line on stdout.
 """
 import argparse
@@ -26,15 +28,43 @@ def records(path):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["generate", "sft"])
+    ap.add_argument("mode", choices=["generate", "sft", "tokenize"])
+    ap.add_argument("--text", help="tokenize: UTF-8 text file, cut as mmpost bench-tokenize cuts it")
+    ap.add_argument("--chunk", type=int, default=4096)
+    ap.add_argument("--epochs", type=int, default=2)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--data", required=True)
+    ap.add_argument("--data", help="generate / sft: JSONL")
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     hf_logging.set_verbosity_error()
+    if a.mode == "tokenize":  # HF tokenizers (Rust): encode one chunk at a time, and encode_batch
+        from tokenizers import Tokenizer
+        tk = Tokenizer.from_file(os.path.join(a.model, "tokenizer.json"))
+        data = open(a.text, "rb").read()
+        chunks, i = [], 0
+        while i < len(data):
+            n = min(a.chunk, len(data) - i)
+            while i + n < len(data) and (data[i + n] & 0xC0) == 0x80:
+                n += 1
+            chunks.append(data[i:i + n].decode("utf-8"))
+            i += n
+        n_tok = sum(len(tk.encode(c, add_special_tokens=False).ids) for c in chunks)
+        t0 = time.time()
+        for _ in range(a.epochs):
+            for c in chunks:
+                tk.encode(c, add_special_tokens=False)
+        single = time.time() - t0
+        t0 = time.time()
+        for _ in range(a.epochs):
+            tk.encode_batch(chunks, add_special_tokens=False)
+        batch = time.time() - t0
+        print(json.dumps({"mode": "tokenize", "n_tokens": n_tok, "bytes": len(data),
+                          "tokens_per_s": n_tok * a.epochs / single,
+                          "batch_tokens_per_s": n_tok * a.epochs / batch}))
+        return
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(a.model)

@@ -3,6 +3,8 @@
 # from `mmpost init`; the same folder for both), CPU float32, the same torch threads:
 #   generate: the 40 prompts of data/instruct-text/heldout.jsonl, batches of 8, greedy, 32 new
 #             tokens (mmpost generate vs LlavaForConditionalGeneration.generate);
+#   tokenize: 3 MB of Debian-packaged text through SmolLM2's tokenizer.json (mmpost
+#             bench-tokenize vs HF tokenizers' encode per chunk and encode_batch);
 #   sft:      full fine-tuning steps of batch 8 on the same text conversations (mmpost sft vs a
 #             plain PyTorch AdamW loop over transformers' model, scripts/bench/ref_smollm2.py).
 # The pairs run interleaved (mmpost, transformers, mmpost, ...) REPEATS times in this one
@@ -35,7 +37,12 @@ cat > "$OUT/sft.json" <<JSON
 JSON
 now() { date +%s.%N; }
 rows="$OUT/rows.jsonl"
+"$PY" -c 'import sys; sys.path.insert(0, "scripts/parity"); import smollm2_tokenizer as t; open(sys.argv[1], "w", encoding="utf-8").write("".join(t.debian_text(3_000_000)))' "$OUT/corpus.txt"
 for r in $(seq 1 "$REPEATS"); do
+  # tokenize (one thread each; tokenizers' encode_batch uses all cores)
+  mm=$("$MMPOST" bench-tokenize --tokenizer "$LM/tokenizer.json" --text "$OUT/corpus.txt" --epochs 2)
+  ref=$("$PY" scripts/bench/ref_smollm2.py tokenize --model "$LM" --text "$OUT/corpus.txt" --epochs 2)
+  echo "{\"bench\": \"tokenize\", \"mmpost\": $mm, \"ref\": $ref}" >> "$rows"
   # generate
   t0=$(now)
   "$MMPOST" generate --model "$OUT/vlm" --data "$DATA" --temperature 0 --max-new-tokens 32 \
@@ -61,6 +68,8 @@ done
 "$PY" - "$rows" <<'PY'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
+tk = [r for r in rows if r["bench"] == "tokenize"]
+rows = [r for r in rows if r["bench"] != "tokenize"]
 print("| SmolLM2-135M, CPU fp32 | mmpost | transformers | speed-up of mmpost (median of pairs) |")
 print("|---|---|---|---|")
 for b, key in (("generate", "new_tokens_per_s"), ("sft", "tokens_per_s")):
@@ -73,4 +82,11 @@ for b, key in (("generate", "new_tokens_per_s"), ("sft", "tokens_per_s")):
     print(f"| {b}: {unit} | {statistics.median(mm):.1f} | {statistics.median(ref):.1f} | {ratio:.2f}x |")
     print(f"| {b}: whole-process wall s (incl. start-up, load) | {statistics.median(r['mmpost_wall_s'] for r in rs):.1f} | "
           f"{statistics.median(r['ref_wall_s'] for r in rs):.1f} | {wall:.2f}x |")
+mm = [r["mmpost"]["tokens_per_s"] for r in tk]
+one = [r["ref"]["tokens_per_s"] for r in tk]
+bat = [r["ref"]["batch_tokens_per_s"] for r in tk]
+print(f"| tokenize: tokens/s, 1 thread, 4 KB chunks of {tk[0]['mmpost']['bytes'] / 1e6:.1f} MB text | {statistics.median(mm):,.0f} | "
+      f"{statistics.median(one):,.0f} | {statistics.median(m / f for m, f in zip(mm, one)):.2f}x |")
+print(f"| tokenize: vs tokenizers' encode_batch (all cores) | {statistics.median(mm):,.0f} | "
+      f"{statistics.median(bat):,.0f} | {statistics.median(m / f for m, f in zip(mm, bat)):.2f}x |")
 PY

@@ -13,16 +13,6 @@ namespace mmpost::hub {
 namespace fs = std::filesystem;
 
 namespace {
-nlohmann::json read_json_file(const fs::path& path) {
-  std::ifstream in(path);
-  MMPOST_CHECK_USAGE(in.good(), path.string(), ": cannot open");
-  try {
-    return nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(ErrorKind::kUsage, path.string() + ": invalid JSON: " + e.what());
-  }
-}
-
 /// Rows [V, H] grown to `rows` with the mean of the existing rows (float32 math).
 torch::Tensor grow_rows(const torch::Tensor& w, int64_t rows) {
   if (w.size(0) >= rows) return w;
@@ -36,7 +26,7 @@ Composed compose_vlm(const ComposeOptions& opts) {
   MMPOST_CHECK_USAGE(fs::is_directory(lm), lm.string(), ": language model folder not found");
   const fs::path lm_cfg = lm / "config.json";
   MMPOST_CHECK_USAGE(fs::is_regular_file(lm_cfg), lm_cfg.string(), ": missing");
-  model::TextConfig text = model::causal_lm_config_from_json(read_json_file(lm_cfg), lm_cfg.string());
+  model::TextConfig text = model::causal_lm_config_from_json(read_json(lm_cfg), lm_cfg.string());
 
   Composed out;
   const fs::path tok_file = find_tokenizer(lm);

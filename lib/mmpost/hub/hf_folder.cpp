@@ -13,7 +13,6 @@
 namespace mmpost::hub {
 namespace fs = std::filesystem;
 
-namespace {
 nlohmann::json read_json(const fs::path& path) {
   std::ifstream in(path);
   MMPOST_CHECK_USAGE(in.good(), path.string(), ": cannot open");
@@ -23,7 +22,6 @@ nlohmann::json read_json(const fs::path& path) {
     throw Error(ErrorKind::kUsage, path.string() + ": invalid JSON: " + e.what());
   }
 }
-}  // namespace
 
 
 model::VlmConfig read_model_config(const fs::path& dir) {

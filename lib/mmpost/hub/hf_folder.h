@@ -25,6 +25,9 @@ struct Pretrained {
   bool has_processor_config = false;     // the folder had either file
 };
 
+/// Parses a JSON file; throws Error(kUsage) naming the path when it cannot be opened or parsed.
+nlohmann::json read_json(const std::filesystem::path& path);
+
 /// Reads DIR/config.json alone (nothing allocated). Throws Error(kUsage) naming the file.
 model::VlmConfig read_model_config(const std::filesystem::path& dir);
 

@@ -24,6 +24,24 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
+namespace {
+/// Loader settings of an evaluation pass over `path`: each rank of opts.pg reads its share.
+template <class Options>
+data::LoaderOptions eval_loader_options(const std::string& path, const Options& opts) {
+  data::LoaderOptions lo;
+  lo.path = path;
+  lo.batch_size = opts.batch_size;
+  lo.num_workers = opts.num_workers;
+  lo.skip_bad = opts.skip_bad;
+  lo.max_records = opts.max_samples;
+  if (opts.pg != nullptr && opts.pg->world_size() > 1) {
+    lo.rank = opts.pg->rank();
+    lo.world_size = opts.pg->world_size();
+  }
+  return lo;
+}
+}  // namespace
+
 ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleContext& ctx,
                                       const std::string& path, const ExactMatchOptions& opts,
                                       const torch::Device& device, torch::Dtype dtype,
@@ -32,17 +50,8 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
   data::SampleContext c = ctx;
   c.source = io::display_name(path);
   c.base_dir = io::relative_base(path);
-  data::LoaderOptions lo;
-  lo.path = path;
-  lo.batch_size = opts.batch_size;
-  lo.num_workers = opts.num_workers;
-  lo.skip_bad = opts.skip_bad;
-  lo.max_records = opts.max_samples;
-  const bool sharded = opts.pg != nullptr && opts.pg->world_size() > 1;
-  if (sharded) {
-    lo.rank = opts.pg->rank();
-    lo.world_size = opts.pg->world_size();
-  }
+  const auto lo = eval_loader_options(path, opts);
+  const bool sharded = lo.world_size > 1;
   std::vector<std::pair<int64_t, std::string>> rows;  // sharded: (line, prediction row) to gather
   data::StreamingLoader<data::SftSample> loader(
       lo, [&c](const nlohmann::json& rec, int64_t line) {
@@ -173,17 +182,8 @@ LossEvalResult evaluate_loss(model::Vlm& model, const data::SampleContext& ctx,
   data::SampleContext c = ctx;
   c.source = io::display_name(path);
   c.base_dir = io::relative_base(path);
-  data::LoaderOptions lo;
-  lo.path = path;
-  lo.batch_size = opts.batch_size;
-  lo.num_workers = opts.num_workers;
-  lo.skip_bad = opts.skip_bad;
-  lo.max_records = opts.max_samples;
-  const bool sharded = opts.pg != nullptr && opts.pg->world_size() > 1;
-  if (sharded) {
-    lo.rank = opts.pg->rank();
-    lo.world_size = opts.pg->world_size();
-  }
+  const auto lo = eval_loader_options(path, opts);
+  const bool sharded = lo.world_size > 1;
   data::StreamingLoader<data::SftSample> loader(
       lo, [&c](const nlohmann::json& rec, int64_t line) {
         return data::make_sft_sample(rec, line, c, /*prompt_only=*/false);
