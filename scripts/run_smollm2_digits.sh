@@ -9,13 +9,13 @@
 #   3. for init, stage 1, 2a and 2b: digits test accuracy (mmpost eval, greedy) and perplexity on
 #      held-out instruction text (data/instruct-text, mmpost eval --metric perplexity).
 # Prints one JSON object per model and a summary table; everything under $OUT.
-#   OUT=runs/smollm2-digits  STEPS1=200 STEPS2=150  (extra args go to every `mmpost sft`)
+#   OUT=runs/smollm2-digits  STEPS1=150 STEPS2=100  (extra args go to every `mmpost sft`)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh >&2
 OUT=${OUT:-runs/smollm2-digits}
-STEPS1=${STEPS1:-200}
-STEPS2=${STEPS2:-150}
+STEPS1=${STEPS1:-150}
+STEPS2=${STEPS2:-100}
 LM=$(.venv/bin/python scripts/get_smollm2.py)
 mkdir -p "$OUT"
 ./build/mmpost init --language-model "$LM" --force --out "$OUT/init" --seed 0 --config '{
