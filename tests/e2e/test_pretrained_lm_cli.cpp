@@ -117,6 +117,26 @@ TEST_CASE("init: a LLaVA folder on a pretrained causal LM keeps its weights and 
   CHECK(tok_cfg["pad_token"] == "<|im_end|>");
   CHECK(tok_cfg["chat_template"] == slurp(kSmolTemplate));
 
+  SECTION("--vision-from takes another folder's tower and projector bit for bit") {
+    auto r = run_cli("init --language-model " + (tmp.path / "lm").string() + " --vision-from " +
+                         vlm.string() + " --seed 9 --out " + (tmp.path / "again").string(),
+                     tmp.path / "log_again");
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    CHECK_THAT(r.err, Catch::Matchers::Contains("projector too"));
+    const auto again = io::load_safetensors(tmp.path / "again");
+    int n_vision = 0;
+    for (const auto& [name, t] : vlm_w) {
+      INFO(name);
+      REQUIRE(again.count(name) == 1);
+      CHECK(torch::equal(again.at(name), t));  // seed 9 would have drawn other weights
+      n_vision += name.rfind("vision_tower.", 0) == 0 ? 1 : 0;
+    }
+    CHECK(n_vision > 0);
+    // The tower's preprocessing comes along (the 0.5 mean/std written above, not CLIP's).
+    CHECK(read_json(tmp.path / "again/preprocessor_config.json")["image_mean"] ==
+          nlohmann::json({0.5, 0.5, 0.5}));
+  }
   SECTION("what belongs to the language model is refused in --config, by name") {
     auto r = run_cli("init --language-model " + (tmp.path / "lm").string() +
                          R"( --config '{"text_config": {}, "vision_config": {}}' --out )" +
