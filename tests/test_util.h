@@ -95,4 +95,24 @@ inline model::VlmConfig tiny_vlm_config(int64_t vocab, int64_t image_token) {
   return c;
 }
 
+/// Tiny LLaVA for model-level tests: image 32 / patch 8 -> 16 patches, 2 vision layers (LLaVA's
+/// default vision_feature_layer -2 runs the first), `text_layers` decoder layers, GQA 4:2,
+/// vocabulary 64 with <image> = 63.
+inline model::VlmConfig tiny_llava_config(int64_t text_layers = 2, bool tie = false) {
+  model::VlmConfig c;
+  c.vision_config = {.hidden_size = 16, .intermediate_size = 32, .num_hidden_layers = 2,
+                     .num_attention_heads = 2, .image_size = 32, .patch_size = 8};
+  c.text_config.vocab_size = 64;
+  c.text_config.hidden_size = 32;
+  c.text_config.intermediate_size = 48;
+  c.text_config.num_hidden_layers = text_layers;
+  c.text_config.num_attention_heads = 4;
+  c.text_config.num_key_value_heads = 2;
+  c.text_config.head_dim = 8;
+  c.text_config.max_position_embeddings = 128;
+  c.image_token_index = 63;
+  c.tie_word_embeddings = tie;
+  return c;
+}
+
 }  // namespace mmpost::testing

@@ -8,6 +8,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "mmpost/algo/chunked_logps.h"
 #include "mmpost/algo/sft_loss.h"
 #include "mmpost/cli_common.h"
 #include "mmpost/stage_common.h"
@@ -129,8 +130,18 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
     torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
     for (size_t k = 0; k < micro.size(); ++k) {
       const auto& b = micro[k];
-      auto logits = model->forward(b.input_ids, b.pixel_values, b.attention_mask);  // [B, T, V]
-      auto loss = algo::sft_loss_sum(logits, b.labels) / global_targets;
+      torch::Tensor loss;
+      if (cfg.train.logits_chunk_size == 0) {  // whole logits, as transformers' ForCausalLMLoss
+        auto logits = model->forward(b.input_ids, b.pixel_values, b.attention_mask);  // [B, T, V]
+        loss = algo::sft_loss_sum(logits, b.labels) / global_targets;
+      } else {  // supervised tokens only, through the head a chunk at a time
+        auto hidden = model->forward_hidden(b.input_ids, b.pixel_values, b.attention_mask);
+        auto weight = model->language_model->output_weight();
+        loss = algo::sft_loss_sum_from_hidden(
+                   hidden, weight, b.labels,
+                   algo::logits_chunk_rows(cfg.train.logits_chunk_size, weight.size(0))) /
+               global_targets;
+      }
       if (k + 1 == micro.size()) optimizer.arm_gradient_sync();  // all-reduce during backward
       loss.backward();
       step_loss += loss.detach().to(torch::kFloat64);

@@ -181,6 +181,7 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   freeze_parts(sm.model, m.freeze);
   sm.model->to(device, dtype);
   sm.model->train();
+  sm.model->set_activation_checkpointing(m.enable_activation_checkpointing);
   log_info(stage + ": model " + std::to_string(count_params(sm.model, false)) + " parameters, " +
            std::to_string(count_params(sm.model, true)) + " trainable; " +
            describe_device(device) + ", " + dtype_name(dtype));

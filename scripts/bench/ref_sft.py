@@ -160,7 +160,9 @@ def main():
     no_decay = [q for q in model.parameters() if q.dim() < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": opt_cfg["weight_decay"]}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=opt_cfg["lr"], betas=tuple(opt_cfg["betas"]), eps=opt_cfg["eps"])
+        lr=opt_cfg["lr"], betas=tuple(opt_cfg["betas"]), eps=opt_cfg["eps"],
+        # HF Trainer / TRL default optim "adamw_torch_fused" on torch >= 2.8: the fused kernel.
+        fused=opt_cfg.get("fused", True))
     params = list(model.parameters())
 
     windows, losses = [], []

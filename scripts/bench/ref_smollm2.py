@@ -104,7 +104,7 @@ def main():
     decay = [p for p in params if p.dim() >= 2]
     no_decay = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.0}, {"params": no_decay, "weight_decay": 0.0}],
-                            lr=1e-5, betas=(0.9, 0.98))
+                            lr=1e-5, betas=(0.9, 0.98), fused=True)  # HF/TRL adamw_torch_fused
     n_tok, t0 = 0, None
     for step in range(a.steps + 1):  # step 0 warms up and is not timed
         batch = [rows[(step * a.batch_size + j) % len(rows)] for j in range(a.batch_size)]

@@ -223,3 +223,48 @@ TEST_CASE("a model.config too large for the memory is refused before allocating"
   CHECK_FALSE(fs::exists(dir / "y" / "metrics.jsonl"));
   fs::remove_all(dir);
 }
+
+TEST_CASE("sft efficiency settings (fused AdamW, chunked loss, activation checkpointing, bf16 "
+          "mixed precision) keep step 1's loss and gradient norm", "[e2e]") {
+  auto dir = tmpdir("efficiency");
+  const std::string base = "sft -r recipes/tiny/sft-tiny.json --set data.eval='\"\"' "
+                           "train.max_steps=2 train.log_every_n_steps=1 data.shuffle_buffer=0 ";
+  auto first_row = [&](const std::string& name, const std::string& sets) {
+    auto r = run_mmpost(base + sets + " --output " + (dir / name).string(), dir / ("log_" + name));
+    INFO(name << ": " << r.err);
+    REQUIRE(r.code == 0);
+    auto rows = read_metrics(dir / name / "metrics.jsonl");
+    REQUIRE(rows.size() == 2);
+    return std::make_pair(rows[0], r.err);
+  };
+  // Whole [B, T, V] logits and torch::optim::AdamW: the path before these settings existed.
+  auto [plain, plain_log] = first_row("plain", "train.logits_chunk_size=0 optim.fused=false");
+  auto [dflt, dflt_log] = first_row("default", "");
+  auto [ckpt, ckpt_log] =
+      first_row("ckpt", "model.enable_activation_checkpointing=true train.logits_chunk_size=3");
+  auto [bf16, bf16_log] = first_row("bf16", "mixed_precision=bf16");
+  const double loss = plain["loss"].get<double>(), gn = plain["grad_norm"].get<double>();
+  CHECK(loss > 5.0);  // ~ ln 512 at random init
+  for (const auto* row : {&dflt, &ckpt}) {
+    CHECK(std::abs((*row)["loss"].get<double>() - loss) < 1e-5 * loss);
+    CHECK(std::abs((*row)["grad_norm"].get<double>() - gn) < 1e-4 * gn);
+  }
+  // bf16 matmuls: close to float32, not equal.
+  CHECK(std::abs(bf16["loss"].get<double>() - loss) < 2e-2 * loss);
+  CHECK(bf16["loss"].get<double>() != loss);
+  CHECK(bf16_log.find("mixed precision bf16") != std::string::npos);
+  // The master weights, and so the saved model, stay float32.
+  auto saved = mmpost::io::load_safetensors(dir / "bf16" / "model.safetensors");
+  REQUIRE(!saved.empty());
+  for (const auto& [name, t] : saved) {
+    INFO(name);
+    CHECK(t.scalar_type() == torch::kFloat32);
+  }
+  // Pure bf16 and mixed bf16 together are refused, naming both keys.
+  auto bad = run_mmpost(base + "mixed_precision=bf16 dtype=bfloat16 --output " +
+                            (dir / "bad").string(), dir / "log_bad");
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("mixed_precision") != std::string::npos);
+  CHECK(bad.err.find("dtype bfloat16") != std::string::npos);
+  fs::remove_all(dir);
+}

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "catch.h"
@@ -545,7 +546,27 @@ TEST_CASE("dist eval and generate: shards on 3 ranks, rank 0 writes everything i
   INFO(g1.err);
   REQUIRE(g1.code == 0);
   run_ranks_ok(gen, 3, dir.path / "g3");
-  CHECK(read_all(dir.path / "g3" / "stdout0.txt") == g1.out);
+  // Same lines in the same order with the same tokens; the recorded logps agree to float
+  // rounding only: a rank batches other rows together, and GEMM results may differ in the last
+  // bits with the batch shape on some CPUs (seen on an AMD EPYC without AVX-512).
+  {
+    std::istringstream a(read_all(dir.path / "g3" / "stdout0.txt")), b(g1.out);
+    std::string la, lb;
+    size_t n = 0;
+    while (std::getline(b, lb)) {
+      REQUIRE(std::getline(a, la));
+      auto ja = nlohmann::json::parse(la), jb = nlohmann::json::parse(lb);
+      INFO("line " << n << ": " << la << " vs " << lb);
+      CHECK(ja["logps"].get<double>() ==
+            Approx(jb["logps"].get<double>()).epsilon(1e-5).margin(1e-6));
+      ja.erase("logps");
+      jb.erase("logps");
+      CHECK(ja == jb);
+      ++n;
+    }
+    CHECK_FALSE(std::getline(a, la));
+    CHECK(n == 20);
+  }
   size_t n_gen = 0;
   for (char c : g1.out) n_gen += c == '\n';
   CHECK(n_gen == 20);

@@ -2,6 +2,7 @@
 // against full recomputation (GQA, left padding), image-token splicing, generation, weight tying,
 // config.json mapping and HF name mapping. Parity with transformers: tests/golden/.
 #include "catch.h"
+#include "test_util.h"
 
 #include "mmpost/core/check.h"
 #include "mmpost/model/blocks.h"
@@ -19,23 +20,7 @@ using namespace mmpost::model;
 
 namespace {
 
-// Tiny LLaVA: image 32 / patch 8 -> 16 patches; text 4 query heads : 2 kv heads.
-VlmConfig tiny_config(bool tie = false) {
-  VlmConfig c;
-  c.vision_config = {.hidden_size = 16, .intermediate_size = 32, .num_hidden_layers = 2,
-                     .num_attention_heads = 2, .image_size = 32, .patch_size = 8};
-  c.text_config.vocab_size = 64;
-  c.text_config.hidden_size = 32;
-  c.text_config.intermediate_size = 48;
-  c.text_config.num_hidden_layers = 2;
-  c.text_config.num_attention_heads = 4;
-  c.text_config.num_key_value_heads = 2;
-  c.text_config.head_dim = 8;
-  c.text_config.max_position_embeddings = 128;
-  c.image_token_index = 63;
-  c.tie_word_embeddings = tie;
-  return c;
-}
+VlmConfig tiny_config(bool tie = false) { return mmpost::testing::tiny_llava_config(2, tie); }
 
 // what() of the mmpost::Error that fn throws, or "" if it throws none.
 template <typename Fn>

@@ -31,6 +31,7 @@ const std::vector<Choice>& recipe_choices() {
        {"pil_bicubic", "pil_bilinear", "pil_lanczos", "bicubic", "bilinear", "area", "nearest"}},
       {"scheduler.name", {"cosine", "linear", "constant"}},
       {"dtype", {"auto", "float32", "bfloat16"}},
+      {"mixed_precision", {"no", "bf16"}},
       {"dist.backend", {"auto", "gloo", "nccl"}},
       {"dpo.ref_dtype", {"float32", "bfloat16"}},
       {"dpo.mdpo.corruption", {"crop", "mask", "noise"}},
@@ -82,10 +83,17 @@ void CommonConfig::validate_common() const {
   MMPOST_CHECK_USAGE(train.log_every_n_steps > 0, "train.log_every_n_steps: must be > 0");
   MMPOST_CHECK_USAGE(train.save_every_n_steps >= 0, "train.save_every_n_steps: must be >= 0");
   MMPOST_CHECK_USAGE(train.eval_every_n_steps >= 0, "train.eval_every_n_steps: must be >= 0");
+  MMPOST_CHECK_USAGE(train.logits_chunk_size >= -1,
+                     "train.logits_chunk_size: must be -1 (auto), 0 (off) or a token count");
   MMPOST_CHECK_USAGE(train.keep_last_n_checkpoints >= 1,
                      "train.keep_last_n_checkpoints: must be >= 1");
   MMPOST_CHECK_USAGE(num_threads >= 0, "num_threads: must be >= 0");
   check_one_of("dtype", dtype);
+  check_one_of("mixed_precision", mixed_precision);
+  MMPOST_CHECK_USAGE(mixed_precision == "no" || dtype != "bfloat16",
+                     "mixed_precision: bf16 keeps float32 master weights and needs dtype float32 "
+                     "(or auto), got dtype bfloat16",
+                     "\n  hint: dtype bfloat16 alone is pure bf16; pick one of the two");
   check_one_of("dist.backend", dist.backend);
   MMPOST_CHECK_USAGE(dist.timeout_s > 0, "dist.timeout_s: must be > 0");
   MMPOST_CHECK_USAGE(dist.bucket_mb > 0, "dist.bucket_mb: must be > 0");

@@ -17,6 +17,7 @@ struct ModelSection {
   std::string tokenizer;       // sentencepiece model; defaults to PATH/tokenizer.model
   std::vector<std::string> freeze;  // parts to freeze: vision_tower, projector, language_model
   double max_memory_gb = 0;    // cap on the training-state estimate (0: available host memory)
+  bool enable_activation_checkpointing = false;  // recompute each layer in backward
   template <class V>
   void visit(V& v) {
     v("path", path, "HF-layout model folder to start from (empty: random init from config)");
@@ -26,6 +27,10 @@ struct ModelSection {
     v("max_memory_gb", max_memory_gb,
       "refuse before allocating when weights + gradients + AdamW moments exceed this many GB "
       "(0: the host memory available, on CPU)");
+    v("enable_activation_checkpointing", enable_activation_checkpointing,
+      "keep only each vision / decoder layer's input during the forward and recompute the layer "
+      "in backward (torchtune's enable_activation_checkpointing, HF gradient_checkpointing): "
+      "less activation memory for about one more forward of compute; same gradients");
   }
 };
 
@@ -86,12 +91,16 @@ struct OptimSection {
   std::vector<double> betas = {0.9, 0.999};
   double weight_decay = 0.0;
   double eps = 1e-8;
+  bool fused = true;  // ATen's _fused_adamw_ (torch.optim.AdamW(fused=True), TRL's default)
   template <class V>
   void visit(V& v) {
     v("lr", lr, "peak learning rate");
     v("betas", betas, "AdamW betas");
     v("weight_decay", weight_decay, "decoupled weight decay (not applied to norms/biases)");
     v("eps", eps, "AdamW epsilon");
+    v("fused", fused,
+      "one fused ATen kernel per parameter group, as torch.optim.AdamW(fused=True) / HF "
+      "adamw_torch_fused (false: torch::optim::AdamW, ~9 kernels and 2 temporaries per tensor)");
   }
 };
 
@@ -120,6 +129,7 @@ struct TrainSection {
   int64_t eval_every_n_steps = 0;  // 0 = only at the end (when data.eval is set)
   int64_t eval_max_samples = 0;    // 0 = all
   int64_t keep_last_n_checkpoints = 2;
+  int64_t logits_chunk_size = -1;  // -1 auto (128 MiB of float32 logits), 0 off, N tokens
   template <class V>
   void visit(V& v) {
     v("batch_size", batch_size, "samples per micro-batch");
@@ -132,6 +142,10 @@ struct TrainSection {
     v("eval_every_n_steps", eval_every_n_steps, "eval interval (0: end only)");
     v("eval_max_samples", eval_max_samples, "cap on eval samples (0: all)");
     v("keep_last_n_checkpoints", keep_last_n_checkpoints, "step folders kept");
+    v("logits_chunk_size", logits_chunk_size,
+      "sft loss: only supervised tokens go through the LM head, this many at a time, so the "
+      "[B, T, V] float32 logits never exist whole (-1: auto, a chunk's logits within 128 MiB; "
+      "0: off, whole logits as transformers; N: N tokens per chunk)");
   }
 };
 
@@ -168,6 +182,7 @@ struct CommonConfig {
   int64_t seed = 42;
   std::string device = "auto";   // auto | cpu | cuda | cuda:N
   std::string dtype = "float32"; // float32 | bfloat16
+  std::string mixed_precision = "no";  // no | bf16 (autocast over float32 master weights)
   int64_t num_threads = 0;       // torch intra-op threads (0: torch default)
   ModelSection model;
   DataSection data;
@@ -181,6 +196,11 @@ struct CommonConfig {
     v("seed", seed, "seed for init, shuffling, sampling and augmentation");
     v("device", device, "auto | cpu | cuda | cuda:N");
     v("dtype", dtype, "auto | float32 | bfloat16 (parameters and compute; auto: bfloat16 on CUDA, float32 on CPU)");
+    v("mixed_precision", mixed_precision,
+      "no | bf16: matmuls and attention in bf16 under autocast while weights, gradients and "
+      "AdamW state stay float32 (HF Trainer bf16=True, accelerate mixed_precision=bf16); needs "
+      "dtype float32 (auto resolves to it). dtype bfloat16 is pure bf16 instead: weights, "
+      "gradients and AdamW state all in bf16");
     v("num_threads", num_threads, "CPU threads for torch (0: default)");
     v("model", model, "model source (a folder, or an inline config for random init)");
     v("data", data, "data and preprocessing");

@@ -1,6 +1,8 @@
 // Device/dtype parsing and seeding (see device.h).
 #include "mmpost/core/device.h"
 
+#include <ATen/autocast_mode.h>
+
 #include <fstream>
 
 #include "mmpost/core/check.h"
@@ -95,6 +97,23 @@ int64_t available_host_memory_bytes() {
     }
   }
   return avail;
+}
+
+AutocastGuard::AutocastGuard(const torch::Device& device, torch::Dtype dtype, bool enabled)
+    : enabled_(enabled), device_type_(device.type()) {
+  if (!enabled_) return;
+  prev_enabled_ = at::autocast::is_autocast_enabled(device_type_);
+  prev_dtype_ = at::autocast::get_autocast_dtype(device_type_);
+  at::autocast::set_autocast_enabled(device_type_, true);
+  at::autocast::set_autocast_dtype(device_type_, dtype);
+  at::autocast::increment_nesting();
+}
+
+AutocastGuard::~AutocastGuard() {
+  if (!enabled_) return;
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(device_type_, prev_enabled_);
+  at::autocast::set_autocast_dtype(device_type_, prev_dtype_);
 }
 
 }  // namespace mmpost

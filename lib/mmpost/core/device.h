@@ -17,6 +17,25 @@ torch::Device resolve_device(const std::string& spec);
 /// float32 otherwise). Throws mmpost::Error (kUsage) naming the valid values.
 torch::Dtype resolve_dtype(const std::string& spec, const torch::Device& device);
 
+/// Automatic mixed precision for the current thread while alive (torch.autocast(device_type,
+/// dtype)): matmuls, convolutions and attention run in `dtype` (bf16), parameters and what
+/// autocast keeps in float32 (reductions, norms, losses) stay float32, so gradients flow into
+/// float32 master weights. Restores the previous state and clears autocast's weight-cast cache
+/// on destruction. enabled = false: does nothing.
+class AutocastGuard {
+ public:
+  AutocastGuard(const torch::Device& device, torch::Dtype dtype, bool enabled = true);
+  ~AutocastGuard();
+  AutocastGuard(const AutocastGuard&) = delete;
+  AutocastGuard& operator=(const AutocastGuard&) = delete;
+
+ private:
+  bool enabled_ = false;
+  c10::DeviceType device_type_ = c10::DeviceType::CPU;
+  bool prev_enabled_ = false;
+  torch::Dtype prev_dtype_ = torch::kFloat32;
+};
+
 /// Lower-case name of a dtype as written in configs ("float32", "bfloat16", ...).
 std::string dtype_name(torch::Dtype dtype);
 

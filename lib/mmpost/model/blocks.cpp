@@ -89,7 +89,7 @@ AttentionImpl::AttentionImpl(int64_t hidden_size, int64_t n_heads, int64_t n_kv_
                              int64_t head_dim)
     : n_heads_(n_heads), n_kv_heads_(n_kv_heads), head_dim_(head_dim) {
   auto linear = [](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+    return LoraLinear(torch::nn::LinearOptions(in, out).bias(false));
   };
   q_proj = register_module("q_proj", linear(hidden_size, n_heads * head_dim));
   k_proj = register_module("k_proj", linear(hidden_size, n_kv_heads * head_dim));
@@ -138,7 +138,7 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
 SwiGluMlpImpl::SwiGluMlpImpl(int64_t hidden_size, int64_t intermediate_size, Activation act)
     : act_(act) {
   auto linear = [](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(false));
+    return LoraLinear(torch::nn::LinearOptions(in, out).bias(false));
   };
   gate_proj = register_module("gate_proj", linear(hidden_size, intermediate_size));
   up_proj = register_module("up_proj", linear(hidden_size, intermediate_size));

@@ -5,6 +5,8 @@
 
 #include <torch/torch.h>
 
+#include "mmpost/model/lora.h"
+
 #include <string>
 #include <vector>
 
@@ -67,7 +69,7 @@ class AttentionImpl : public torch::nn::Module {
   /// `cache->keys[layer]` / `values[layer]` and attends over all of them. Returns [B, T, C].
   torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& cos, const torch::Tensor& sin,
                         const torch::Tensor& bias, KVCache* cache, int64_t layer);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LoraLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
 
  private:
   int64_t n_heads_, n_kv_heads_, head_dim_;
@@ -79,7 +81,7 @@ class SwiGluMlpImpl : public torch::nn::Module {
  public:
   SwiGluMlpImpl(int64_t hidden_size, int64_t intermediate_size, Activation act);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
+  LoraLinear gate_proj{nullptr}, up_proj{nullptr}, down_proj{nullptr};
 
  private:
   Activation act_;

@@ -2,6 +2,8 @@
 // causal+padding mask per call, then the layers. Matches transformers' LlamaModel numerics.
 #include "mmpost/model/language_model.h"
 
+#include "mmpost/model/activation_checkpoint.h"
+
 namespace mmpost::model {
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const TextConfig& c) {
@@ -54,8 +56,16 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& inputs_embeds,
   auto bias = causal_bias(attention_mask, T, inputs_embeds.scalar_type());
   auto h = inputs_embeds;
   for (size_t i = 0; i < layers->size(); ++i) {
-    h = layers[i]->as<LlamaDecoderLayer>()->forward(h, cos, sin, bias, cache,
-                                                    static_cast<int64_t>(i));
+    auto* l = layers[i]->as<LlamaDecoderLayer>();
+    if (checkpoint_layers && cache == nullptr && is_training()) {
+      h = checkpointed(
+          [l, cos = cos, sin = sin, bias = bias](const torch::Tensor& x) {
+            return l->forward(x, cos, sin, bias, nullptr, 0);
+          },
+          h, trainable_parameters(*l));
+    } else {
+      h = l->forward(h, cos, sin, bias, cache, static_cast<int64_t>(i));
+    }
   }
   return norm(h);
 }

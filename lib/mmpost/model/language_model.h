@@ -41,6 +41,9 @@ class LlamaModelImpl : public torch::nn::Module {
   torch::nn::Embedding embed_tokens{nullptr};
   torch::nn::ModuleList layers{nullptr};
   RmsNorm norm{nullptr};
+  /// Activation checkpointing of every decoder layer while training without a KV cache
+  /// (model::checkpointed).
+  bool checkpoint_layers = false;
 
  private:
   int64_t head_dim_;

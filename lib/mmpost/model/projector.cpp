@@ -9,7 +9,7 @@ ProjectorImpl::ProjectorImpl(const VlmConfig& c)
   const int64_t cv = c.vision_config.hidden_size, ct = c.text_config.hidden_size;
   const bool bias = c.multimodal_projector_bias;
   auto linear = [&](int64_t in, int64_t out) {
-    return torch::nn::Linear(torch::nn::LinearOptions(in, out).bias(bias));
+    return LoraLinear(torch::nn::LinearOptions(in, out).bias(bias));
   };
   linear_1 = register_module("linear_1", linear(cv, ct));
   linear_2 = register_module("linear_2", linear(ct, ct));

@@ -7,6 +7,8 @@
 
 #include <torch/torch.h>
 
+#include "mmpost/model/lora.h"
+
 namespace mmpost::model {
 
 /// linear_2(act(linear_1(x))); biases per `multimodal_projector_bias`.
@@ -15,7 +17,7 @@ class ProjectorImpl : public torch::nn::Module {
   explicit ProjectorImpl(const VlmConfig& c);
   /// x: [N, P, C_vision] -> [N, P, C_text].
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear linear_1{nullptr}, linear_2{nullptr};
+  LoraLinear linear_1{nullptr}, linear_2{nullptr};
 
  private:
   Activation act_;

@@ -2,6 +2,8 @@
 // checked by tests/golden/test_llava_golden.cpp through the full LLaVA forward.
 #include "mmpost/model/vision_encoder.h"
 
+#include "mmpost/model/activation_checkpoint.h"
+
 #include "mmpost/core/check.h"
 
 namespace mmpost::model {
@@ -33,10 +35,10 @@ torch::Tensor ClipVisionEmbeddingsImpl::forward(const torch::Tensor& pixel_value
 ClipAttentionImpl::ClipAttentionImpl(const VisionConfig& c)
     : n_heads_(c.num_attention_heads), head_dim_(c.head_dim()) {
   const int64_t C = c.hidden_size;
-  q_proj = register_module("q_proj", torch::nn::Linear(C, C));
-  k_proj = register_module("k_proj", torch::nn::Linear(C, C));
-  v_proj = register_module("v_proj", torch::nn::Linear(C, C));
-  out_proj = register_module("out_proj", torch::nn::Linear(C, C));
+  q_proj = register_module("q_proj", LoraLinear(C, C));
+  k_proj = register_module("k_proj", LoraLinear(C, C));
+  v_proj = register_module("v_proj", LoraLinear(C, C));
+  out_proj = register_module("out_proj", LoraLinear(C, C));
 }
 
 torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x) {
@@ -49,8 +51,8 @@ torch::Tensor ClipAttentionImpl::forward(const torch::Tensor& x) {
 }
 
 ClipMlpImpl::ClipMlpImpl(const VisionConfig& c) : act_(activation_from_name(c.hidden_act)) {
-  fc1 = register_module("fc1", torch::nn::Linear(c.hidden_size, c.intermediate_size));
-  fc2 = register_module("fc2", torch::nn::Linear(c.intermediate_size, c.hidden_size));
+  fc1 = register_module("fc1", LoraLinear(c.hidden_size, c.intermediate_size));
+  fc2 = register_module("fc2", LoraLinear(c.intermediate_size, c.hidden_size));
 }
 
 torch::Tensor ClipMlpImpl::forward(const torch::Tensor& x) {
@@ -94,7 +96,15 @@ torch::Tensor ClipVisionTransformerImpl::forward(const torch::Tensor& pixel_valu
   TORCH_CHECK(last >= 0 && last <= n_layers, "vision layer ", layer, " out of range for ", n_layers,
               " layers");
   auto h = pre_layrnorm(embeddings(pixel_values));
-  for (int64_t i = 0; i < last; ++i) h = layers[i]->as<ClipEncoderLayer>()->forward(h);
+  for (int64_t i = 0; i < last; ++i) {
+    auto* l = layers[i]->as<ClipEncoderLayer>();
+    if (checkpoint_layers && is_training()) {
+      h = checkpointed([l](const torch::Tensor& x) { return l->forward(x); }, h,
+                       trainable_parameters(*l));
+    } else {
+      h = l->forward(h);
+    }
+  }
   return h;
 }
 

@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include "mmpost/model/lora.h"
+
 namespace mmpost::model {
 
 /// Patch + class + position embeddings (HF CLIPVisionEmbeddings).
@@ -32,7 +34,7 @@ class ClipAttentionImpl : public torch::nn::Module {
   explicit ClipAttentionImpl(const VisionConfig& c);
   /// x: [N, L, C] -> [N, L, C].
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
+  LoraLinear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, out_proj{nullptr};
 
  private:
   int64_t n_heads_, head_dim_;
@@ -44,7 +46,7 @@ class ClipMlpImpl : public torch::nn::Module {
  public:
   explicit ClipMlpImpl(const VisionConfig& c);
   torch::Tensor forward(const torch::Tensor& x);
-  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  LoraLinear fc1{nullptr}, fc2{nullptr};
 
  private:
   Activation act_;
@@ -83,6 +85,8 @@ class ClipVisionTransformerImpl : public torch::nn::Module {
   torch::nn::LayerNorm pre_layrnorm{nullptr};  // sic: HF's spelling
   ClipEncoder encoder{nullptr};
   torch::nn::LayerNorm post_layernorm{nullptr};  // unused by LLaVA, present in checkpoints
+  /// Activation checkpointing of every encoder layer while training (model::checkpointed).
+  bool checkpoint_layers = false;
 };
 TORCH_MODULE(ClipVisionTransformer);
 

@@ -78,4 +78,9 @@ torch::Tensor VlmImpl::forward(const torch::Tensor& input_ids, const torch::Tens
 
 Vlm build_vlm(const VlmConfig& config) { return Vlm(config); }
 
+void VlmImpl::set_activation_checkpointing(bool on) {
+  vision_tower->vision_model->checkpoint_layers = on;
+  language_model->model->checkpoint_layers = on;
+}
+
 }  // namespace mmpost::model

@@ -60,6 +60,9 @@ class VlmImpl : public torch::nn::Module {
   torch::Tensor logits(const torch::Tensor& hidden);
 
   const VlmConfig& config() const { return config_; }
+  /// Turns activation checkpointing (model::checkpointed) of every vision encoder layer and
+  /// every decoder layer on or off; it acts in training mode, without a KV cache.
+  void set_activation_checkpointing(bool on);
 
   ClipVisionModel vision_tower{nullptr};
   Projector multi_modal_projector{nullptr};

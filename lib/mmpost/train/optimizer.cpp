@@ -2,6 +2,7 @@
 #include "mmpost/train/optimizer.h"
 
 #include <cmath>
+#include <map>
 #include <sstream>
 
 #include "mmpost/core/check.h"
@@ -30,6 +31,50 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(
     groups.emplace_back(no_decay, std::move(opt));
   }
   return std::make_unique<torch::optim::AdamW>(groups, base);
+}
+
+void adamw_step(torch::optim::AdamW& opt, bool fused) {
+  if (!fused) {
+    opt.step();
+    return;
+  }
+  torch::NoGradGuard no_grad;
+  for (auto& group : opt.param_groups()) {
+    const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
+    TORCH_CHECK(!o.amsgrad(), "adamw_step: amsgrad is not supported by the fused path");
+    // One kernel call per (device, dtype): the CUDA kernel needs them uniform within a call.
+    struct Lists {
+      std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
+    };
+    std::map<std::pair<std::string, int>, Lists> calls;
+    for (auto& p : group.params()) {
+      if (!p.grad().defined()) continue;
+      auto& slot = opt.state()[p.unsafeGetTensorImpl()];
+      if (!slot) {  // lazy state, as torch::optim::AdamW::step creates it
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(0);
+        st->exp_avg(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(p, torch::MemoryFormat::Preserve));
+        slot = std::move(st);
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*slot);
+      st.step(st.step() + 1);
+      auto& l = calls[{p.device().str(), static_cast<int>(p.scalar_type())}];
+      l.params.push_back(p);
+      l.grads.push_back(p.grad());
+      l.exp_avgs.push_back(st.exp_avg());
+      l.exp_avg_sqs.push_back(st.exp_avg_sq());
+      // The kernel reads the (already incremented) step count from a float32 scalar tensor.
+      l.steps.push_back(torch::full({}, static_cast<double>(st.step()),
+                                    torch::TensorOptions().dtype(torch::kFloat32).device(p.device())));
+    }
+    const auto [beta1, beta2] = o.betas();
+    for (auto& [key, l] : calls) {
+      at::_fused_adamw_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, /*max_exp_avg_sqs=*/{},
+                        l.steps, o.lr(), beta1, beta2, o.weight_decay(), o.eps(),
+                        /*amsgrad=*/false, /*maximize=*/false);
+    }
+  }
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {
@@ -184,7 +229,7 @@ StepStats Optimizer::step(int64_t step, double loss) {
                "\n  hint: lower optim.lr or use dtype float32");
   s.lr = lr_at(step);
   set_lr(*adamw_, s.lr);
-  adamw_->step();
+  adamw_step(*adamw_, optim_.fused);
   if (!owner_.empty()) {  // ZeRO-1: each rank's updated share to everyone
     torch::NoGradGuard no_grad;
     for (int r = 0; r < pg_->world_size(); ++r) {

@@ -31,6 +31,16 @@ struct AdamWOptions {
 std::unique_ptr<torch::optim::AdamW> make_adamw(
     const std::vector<std::pair<std::string, torch::Tensor>>& named, const AdamWOptions& opts);
 
+/// One AdamW update of every parameter of `opt` that has a gradient, with the options of its
+/// group. fused = true: ATen's `_fused_adamw_` (the kernel behind torch.optim.AdamW(fused=True)),
+/// one call per (group, device, dtype), updating params, exp_avg and exp_avg_sq in place without
+/// temporaries; fused = false: torch::optim::AdamW::step (per-tensor ops). Both keep their state
+/// in `opt.state()` (AdamWParamState: int step, exp_avg, exp_avg_sq), so checkpoints are the same
+/// file either way and a run may switch between them on resume. Updates agree to float rounding
+/// (the fused kernel evaluates the same formula, Loshchilov & Hutter 2019 Alg. 2, in another
+/// order). amsgrad is not supported (mmpost never sets it).
+void adamw_step(torch::optim::AdamW& opt, bool fused);
+
 /// Sets the learning rate of every parameter group.
 void set_lr(torch::optim::Optimizer& opt, double lr);
 

@@ -152,7 +152,15 @@ Run::Run(std::string stage, const config::CommonConfig& cfg, bool allow_resume)
   if (world_.world_size > 1 && device_.is_cuda() && !device_.has_index()) {
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world_.local_rank));
   }
-  dtype_ = resolve_dtype(cfg.dtype, device_);
+  // Mixed precision: float32 weights (the master copy), bf16 compute under autocast for every
+  // forward of the stage on this thread (training, reference model, rollouts, in-loop eval).
+  mixed_precision_ = cfg.mixed_precision == "bf16";
+  dtype_ = mixed_precision_ ? torch::kFloat32 : resolve_dtype(cfg.dtype, device_);
+  if (mixed_precision_) {
+    autocast_ = std::make_unique<AutocastGuard>(device_, torch::kBFloat16);
+    log_info(stage_ + ": mixed precision bf16 (float32 weights, gradients and AdamW state; bf16 "
+             "matmuls and attention under autocast)");
+  }
   seed_everything(static_cast<uint64_t>(cfg.seed));
   if (world_.world_size > 1) {
     const std::string backend =

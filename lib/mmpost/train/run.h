@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "mmpost/config/recipe.h"
+#include "mmpost/core/device.h"
 #include "mmpost/core/log.h"
 #include "mmpost/dist/process_group.h"
 #include "mmpost/io/jsonl.h"
@@ -75,7 +76,10 @@ class Run {
   const std::string& stage() const { return stage_; }
   const std::filesystem::path& output_dir() const { return out_; }
   torch::Device device() const { return device_; }
+  /// Parameter dtype: float32 under mixed_precision bf16, else the recipe's dtype.
   torch::Dtype dtype() const { return dtype_; }
+  /// True under mixed_precision bf16: this thread computes under autocast while the Run lives.
+  bool mixed_precision() const { return mixed_precision_; }
   /// The checkpoint to resume from (nullopt: a fresh start).
   const std::optional<std::filesystem::path>& checkpoint() const { return ckpt_; }
 
@@ -139,6 +143,8 @@ class Run {
   std::unique_ptr<dist::ProcessGroup> pg_;
   torch::Device device_{torch::kCPU};
   torch::Dtype dtype_ = torch::kFloat32;
+  bool mixed_precision_ = false;
+  std::unique_ptr<AutocastGuard> autocast_;
   int lock_fd_ = -1;
   std::optional<std::filesystem::path> ckpt_;
   int64_t total_steps_ = 0;

@@ -1,0 +1,232 @@
+// Training-efficiency paths that must not change what is learned: activation checkpointing
+// (same gradients, and the recompute node really is in the graph), chunked LM-head log-probs
+// (same values and gradients as whole logits), and bf16 autocast over float32 weights
+// (bf16 matmuls ran, float32 parameters and gradients, state restored).
+#include <ATen/autocast_mode.h>
+
+#include <functional>
+#include <set>
+
+#include "catch.h"
+#include "test_util.h"
+#include "mmpost/algo/chunked_logps.h"
+#include "mmpost/algo/logprobs.h"
+#include "mmpost/algo/sft_loss.h"
+#include "mmpost/core/device.h"
+#include "mmpost/model/vlm.h"
+
+using namespace mmpost;
+
+namespace {
+
+// A batch of 2: row 0 has one image, row 1 is right-padded text; labels on the tail.
+struct Batch {
+  torch::Tensor ids, pixels, mask, labels;
+};
+Batch tiny_batch() {
+  torch::manual_seed(11);
+  auto ids = torch::randint(1, 60, {2, 24}, torch::kInt64);
+  ids[0].narrow(0, 1, 16).fill_(63);
+  auto mask = torch::ones({2, 24}, torch::kInt64);
+  mask[1].narrow(0, 20, 4).fill_(0);
+  auto labels = ids.clone();
+  labels.narrow(1, 0, 17).fill_(-100);
+  labels[1].narrow(0, 20, 4).fill_(-100);
+  return {ids, torch::randn({1, 3, 32, 32}), mask, labels};
+}
+
+std::map<std::string, torch::Tensor> grads_of(model::Vlm& m) {
+  std::map<std::string, torch::Tensor> g;
+  for (const auto& p : m->named_parameters()) {
+    if (p.value().grad().defined()) g[p.key()] = p.value().grad().clone();
+  }
+  return g;
+}
+
+// Names of the autograd nodes reachable from t.
+std::multiset<std::string> graph_node_names(const torch::Tensor& t) {
+  std::multiset<std::string> names;
+  std::set<torch::autograd::Node*> seen;
+  std::function<void(torch::autograd::Node*)> walk = [&](torch::autograd::Node* n) {
+    if (n == nullptr || !seen.insert(n).second) return;
+    names.insert(n->name());
+    for (const auto& e : n->next_edges()) walk(e.function.get());
+  };
+  walk(t.grad_fn().get());
+  return names;
+}
+
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kFloat64) - b.to(torch::kFloat64)).abs().max().item<double>();
+}
+
+}  // namespace
+
+TEST_CASE("activation checkpointing: gradients equal the plain backward; one recompute node per "
+          "layer", "[unit][efficiency]") {
+  for (bool tie : {false, true}) {
+    INFO("tie_word_embeddings " << tie);
+    torch::manual_seed(5);
+    auto m = model::build_vlm(testing::tiny_llava_config(3, tie));
+    m->train();
+    auto b = tiny_batch();
+    auto run = [&](bool ckpt) {
+      m->set_activation_checkpointing(ckpt);
+      m->zero_grad();
+      auto logits = m->forward(b.ids, b.pixels, b.mask);
+      auto loss = algo::sft_loss_sum(logits, b.labels);
+      auto names = graph_node_names(loss);
+      loss.backward();
+      return std::make_tuple(loss.item<double>(), grads_of(m),
+                             names.count("mmpost::CheckpointBackward"));
+    };
+    auto [loss0, g0, n0] = run(false);
+    auto [loss1, g1, n1] = run(true);
+    CHECK(n0 == 0);
+    // Every decoder layer and the vision layers LLaVA runs: vision_feature_layer -2 (the default)
+    // stops after the first of the two.
+    CHECK(n1 == 1 + 3);
+    CHECK(loss0 == loss1);
+    REQUIRE(g0.size() == g1.size());
+    REQUIRE(g0.size() > 10);
+    for (const auto& [name, g] : g0) {
+      INFO(name);
+      REQUIRE(g1.count(name) == 1);
+      CHECK(max_diff(g, g1[name]) <= 1e-6 * (1 + g.abs().max().item<double>()));
+    }
+    // With a frozen vision tower, its layers have nothing to recompute for: no node, same grads.
+    for (auto& p : m->vision_tower->parameters()) p.set_requires_grad(false);
+    auto [loss2, g2, n2] = run(true);
+    CHECK(n2 == 3);
+    CHECK(loss2 == loss0);
+    CHECK(g2.count("vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight") == 0);
+    CHECK(max_diff(g2["language_model.model.layers.0.mlp.up_proj.weight"],
+                   g0["language_model.model.layers.0.mlp.up_proj.weight"]) <= 1e-6);
+    // Eval mode and no-grad forwards take the plain path.
+    m->eval();
+    torch::NoGradGuard ng;
+    CHECK(max_diff(m->forward(b.ids, b.pixels, b.mask),
+                   [&] { m->set_activation_checkpointing(false); return m->forward(b.ids, b.pixels, b.mask); }()) == 0);
+  }
+}
+
+TEST_CASE("chunked LM-head log-probs equal whole-logits log_softmax, values and gradients",
+          "[unit][efficiency]") {
+  torch::manual_seed(2);
+  auto hidden = torch::randn({37, 16}, torch::kFloat64).requires_grad_(true);
+  auto weight = torch::randn({50, 16}, torch::kFloat64).requires_grad_(true);
+  auto targets = torch::randint(0, 50, {37}, torch::kInt64);
+  auto gout = torch::randn({37}, torch::kFloat64);
+
+  auto ref = torch::log_softmax(torch::nn::functional::linear(hidden, weight).to(torch::kFloat32), -1)
+                 .gather(-1, targets.unsqueeze(-1)).squeeze(-1);
+  auto [gh_ref, gw_ref] = [&] {
+    auto g = torch::autograd::grad({ref}, {hidden, weight}, {gout.to(torch::kFloat32)});
+    return std::make_pair(g[0], g[1]);
+  }();
+  for (int64_t chunk : {1, 8, 37, 100}) {
+    INFO("chunk " << chunk);
+    auto out = algo::linear_token_logps(hidden, weight, targets, chunk);
+    CHECK(out.scalar_type() == torch::kFloat32);
+    CHECK(max_diff(out, ref) < 1e-5);
+    auto g = torch::autograd::grad({out}, {hidden, weight}, {gout.to(torch::kFloat32)});
+    CHECK(max_diff(g[0], gh_ref) < 1e-5);
+    CHECK(max_diff(g[1], gw_ref) < 1e-5);
+    // A hand check of the formula on row 0: d out_0 / d h_0 = W[t_0] - softmax(z_0) W.
+    if (chunk == 8) {
+      auto z0 = torch::mv(weight.detach(), hidden.detach()[0]);
+      auto expect = weight.detach()[targets[0].item<int64_t>()] -
+                    torch::mv(weight.detach().t(), torch::softmax(z0, 0));
+      CHECK(max_diff(g[0][0] / gout[0], expect) < 1e-5);
+    }
+  }
+  CHECK(algo::logits_chunk_rows(0, 49152) == (int64_t{128} << 20) / (4 * 49152));  // 682
+  CHECK(algo::logits_chunk_rows(-1, 1 << 30) == 1);
+  CHECK(algo::logits_chunk_rows(64, 49152) == 64);
+}
+
+TEST_CASE("sft loss from hidden states (supervised rows only, chunked) equals the whole-logits "
+          "loss, with the same gradients through the model", "[unit][efficiency]") {
+  for (bool tie : {false, true}) {
+    INFO("tie_word_embeddings " << tie);
+    torch::manual_seed(9);
+    auto m = model::build_vlm(testing::tiny_llava_config(3, tie));
+    m->train();
+    auto b = tiny_batch();
+    m->zero_grad();
+    auto full = algo::sft_loss_sum(m->forward(b.ids, b.pixels, b.mask), b.labels);
+    full.backward();
+    auto g_full = grads_of(m);
+    m->zero_grad();
+    auto hidden = m->forward_hidden(b.ids, b.pixels, b.mask);
+    auto chunked = algo::sft_loss_sum_from_hidden(
+        hidden, m->language_model->output_weight(), b.labels, /*chunk_rows=*/3);
+    chunked.backward();
+    auto g_chunk = grads_of(m);
+    // 7 + 3 supervised targets of a 64-token vocabulary: loss ~ 10 ln 64.
+    CHECK(full.item<double>() > 30);
+    CHECK(std::abs(full.item<double>() - chunked.item<double>()) < 1e-5 * full.item<double>());
+    REQUIRE(g_full.size() == g_chunk.size());
+    for (const auto& [name, g] : g_full) {
+      INFO(name);
+      CHECK(max_diff(g, g_chunk[name]) < 1e-5);
+    }
+  }
+  // Nothing supervised: 0, and backward still works.
+  auto h = torch::randn({1, 4, 8}).requires_grad_(true);
+  auto none = algo::sft_loss_sum_from_hidden(h, torch::randn({10, 8}),
+                                             torch::full({1, 4}, -100, torch::kInt64), 2);
+  CHECK(none.item<double>() == 0.0);
+  none.backward();
+}
+
+TEST_CASE("bf16 autocast over float32 weights: bf16 matmuls, float32 parameters and gradients, "
+          "state restored", "[unit][efficiency]") {
+  torch::manual_seed(4);
+  auto m = model::build_vlm(testing::tiny_llava_config(3));
+  m->train();
+  auto b = tiny_batch();
+  auto ref = m->forward(b.ids, b.pixels, b.mask).detach();
+  CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  torch::Tensor logits, hidden;
+  {
+    AutocastGuard ac(torch::kCPU, torch::kBFloat16);
+    CHECK(at::autocast::is_autocast_enabled(at::kCPU));
+    hidden = m->forward_hidden(b.ids, b.pixels, b.mask);
+    logits = m->logits(hidden);
+    auto loss = algo::sft_loss_sum(logits, b.labels);
+    loss.backward();
+    // The head's matmul ran in bf16; the logits come out float32 for the loss.
+    CHECK(m->language_model->logits(hidden).scalar_type() == torch::kBFloat16);
+  }
+  CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  CHECK(logits.scalar_type() == torch::kFloat32);
+  // bf16 keeps 8 bits of mantissa: the logits moved (bf16 really ran) but only by bf16 rounding.
+  const double d = max_diff(logits, ref);
+  CHECK(d > 1e-4);
+  CHECK(d < 0.05 * (1 + ref.abs().max().item<double>()));
+  for (const auto& p : m->named_parameters()) {
+    INFO(p.key());
+    CHECK(p.value().scalar_type() == torch::kFloat32);
+    if (p.value().grad().defined()) CHECK(p.value().grad().scalar_type() == torch::kFloat32);
+  }
+  // The guard disabled: nothing changes.
+  {
+    AutocastGuard off(torch::kCPU, torch::kBFloat16, /*enabled=*/false);
+    CHECK_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  }
+  // Checkpointing under autocast recomputes in bf16 too: same gradients as without it.
+  auto grads_under_autocast = [&](bool ckpt) {
+    m->set_activation_checkpointing(ckpt);
+    m->zero_grad();
+    AutocastGuard ac(torch::kCPU, torch::kBFloat16);
+    algo::sft_loss_sum(m->forward(b.ids, b.pixels, b.mask), b.labels).backward();
+    return grads_of(m);
+  };
+  auto g0 = grads_under_autocast(false);
+  auto g1 = grads_under_autocast(true);
+  for (const auto& [name, g] : g0) {
+    INFO(name);
+    CHECK(max_diff(g, g1[name]) <= 1e-6 * (1 + g.abs().max().item<double>()));
+  }
+}
