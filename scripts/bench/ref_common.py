@@ -146,13 +146,7 @@ class MmpostEncoder(Encoder):
                 chunk = [self.sp.eos_id()]
             else:
                 chunk, first = self.text(text, first), False
-            for t in chunk:
-                if t == self.image_token:
-                    ids += [t] * self.n_image_tokens
-                    labels += [-100] * self.n_image_tokens
-                else:
-                    ids.append(t)
-                    labels.append(t if sup else -100)
+            self.extend(ids, labels, chunk, sup)
         return ids, labels
 
     def prompt(self, messages):

@@ -29,6 +29,16 @@ PIL_RESAMPLE = {"bicubic": Image.BICUBIC, "bilinear": Image.BILINEAR, "area": Im
 class Encoder:
     """mmpost's Tokenizer::encode + encode_conversation (kLlava), over the same sentencepiece model."""
 
+    def extend(self, ids, labels, chunk, sup):
+        """Appends token ids, each <image> expanded to the patch count (label -100 there)."""
+        for t in chunk:
+            if t == self.image_token:
+                ids += [t] * self.n_image_tokens
+                labels += [-100] * self.n_image_tokens
+            else:
+                ids.append(t)
+                labels.append(t if sup else -100)
+
     def __init__(self, path, image_token, n_image_tokens):
         self.sp = spm.SentencePieceProcessor(model_file=path)
         self.image_token, self.n_image_tokens = image_token, n_image_tokens
@@ -69,13 +79,7 @@ class Encoder:
             chunk = [self.sp.eos_id()] if eos else self.text(text, first)
             if not eos:
                 first = False
-            for t in chunk:
-                if t == self.image_token:
-                    ids += [t] * self.n_image_tokens
-                    labels += [-100] * self.n_image_tokens
-                else:
-                    ids.append(t)
-                    labels.append(t if sup else -100)
+            self.extend(ids, labels, chunk, sup)
         return ids, labels
 
 
