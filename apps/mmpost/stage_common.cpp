@@ -240,7 +240,8 @@ data::SampleContext make_sample_context(const StageModel& sm, const config::Data
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageModel& sm) {
-  auto named = train::named_parameters_of(*sm.model);
+  model::Vlm m = sm.model;  // a handle to the same module (non-const)
+  auto named = train::named_parameters_of(*m);
   if (sm.lora) {
     for (auto& kv : sm.lora->named_parameters()) named.push_back(kv);
   }
