@@ -40,7 +40,8 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   log_info("sft: resolved recipe\n" + config::format_table(config::to_rows(cfg)));
 
   // ---- model -------------------------------------------------------------------------------
-  auto sm = load_stage_model(cfg.model, cfg.data.image, run.checkpoint(), device, dtype, "sft");
+  auto sm = load_stage_model(cfg.model, cfg.data.image, run.checkpoint(), device, dtype, "sft",
+                             cfg.lora);
   model::Vlm model = sm.model;
 
   // ---- data --------------------------------------------------------------------------------
@@ -72,11 +73,15 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   if (run.finished(total_steps)) return run.report_already_finished();
 
   // ---- optimizer, checkpoints, resume ------------------------------------------------------
-  train::Optimizer optimizer(train::named_parameters_of(*model), cfg.optim, cfg.scheduler,
+  train::Optimizer optimizer(trainable_named(sm), cfg.optim, cfg.scheduler,
                              cfg.train.clip_grad_norm, total_steps,
                              run.process_group(), cfg.dist);
   train::Checkpointer checkpointer(cfg.output_dir, cfg.train.keep_last_n_checkpoints,
-                                   {.vlm = model, .tokenizer = sm.tokenizer.get(), .image = sm.image},
+                                   {.vlm = model, .tokenizer = sm.tokenizer.get(), .image = sm.image,
+                                    .lora = sm.lora.get(),
+                                    .lora_modules_to_save = cfg.lora.modules_to_save,
+                                    .lora_base_model = cfg.model.path,
+                                    .lora_merge_on_save = cfg.lora.merge_on_save},
                                    optimizer, run.checkpoint() ? run.state.step : -1, run.is_main());
   if (run.checkpoint()) {
     train::load_optimizer_and_rng(*run.checkpoint(), optimizer);

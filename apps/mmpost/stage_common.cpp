@@ -1,6 +1,8 @@
 // Shared stage glue (see stage_common.h).
 #include "mmpost/stage_common.h"
 
+#include "mmpost/io/safetensors.h"
+
 #include <iomanip>
 #include <sstream>
 
@@ -124,7 +126,8 @@ void check_memory_fits(const model::VlmConfig& c, const config::ModelSection& m,
 
 StageModel load_stage_model(const config::ModelSection& m, const config::ImageSection& img,
                             const std::optional<fs::path>& ckpt, const torch::Device& device,
-                            torch::Dtype dtype, const std::string& stage) {
+                            torch::Dtype dtype, const std::string& stage,
+                            const config::LoraSection& lora) {
   StageModel sm;
   sm.tokenizer_path = m.tokenizer;
   sm.image.resize_mode = img.resize_mode;
@@ -136,7 +139,8 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
     log_info(stage + ": loading model from " + sm.source.string());
     check_memory_fits(hub::read_model_config(sm.source), m, device, dtype,
                       (sm.source / "config.json").string(), available_host_memory_bytes());
-    auto p = hub::load_pretrained(sm.source);
+    // Resuming a LoRA run: the checkpoint's adapter goes into the new adapters below, unmerged.
+    auto p = hub::load_pretrained(sm.source, /*merge_adapter=*/!(ckpt && lora.r > 0));
     sm.model = p.model;
     if (sm.tokenizer_path.empty() || ckpt) sm.tokenizer_path = p.tokenizer_path;
     if (p.has_processor_config) {
@@ -182,6 +186,38 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   sm.model->to(device, dtype);
   sm.model->train();
   sm.model->set_activation_checkpointing(m.enable_activation_checkpointing);
+  if (lora.r > 0) {
+    MMPOST_CHECK_USAGE(stage == "sft", "lora: ", stage, " does not support LoRA yet (sft does)");
+    for (auto& p : sm.model->parameters()) p.set_requires_grad(false);
+    for (const auto& part : lora.modules_to_save) {
+      auto* module = part == "vision_tower" ? static_cast<torch::nn::Module*>(sm.model->vision_tower.get())
+                     : part == "multi_modal_projector"
+                         ? static_cast<torch::nn::Module*>(sm.model->multi_modal_projector.get())
+                         : static_cast<torch::nn::Module*>(sm.model->language_model.get());
+      for (auto& p : module->parameters()) p.set_requires_grad(true);
+    }
+    model::LoraSettings s;
+    s.r = lora.r;
+    s.lora_alpha = lora.alpha;
+    s.lora_dropout = lora.dropout;
+    s.use_rslora = lora.use_rslora;
+    if (lora.target_modules.is_string()) {
+      s.target_regex = lora.target_modules.get<std::string>();
+    } else {
+      s.target_modules = lora.target_modules.get<std::vector<std::string>>();
+    }
+    sm.lora = std::make_unique<model::LoraAdapters>(*sm.model, s);
+    if (ckpt && hub::has_lora_adapter(*ckpt)) {
+      const auto file = *ckpt / "adapter_model.safetensors";
+      sm.lora->load(io::load_safetensors(file), file.string());
+    }
+    int64_t n_adapter = 0;
+    for (const auto& [k, t] : sm.lora->named_parameters()) n_adapter += t.numel();
+    log_info(stage + ": LoRA r=" + std::to_string(lora.r) + " alpha=" + fmt(lora.alpha) + " on " +
+             std::to_string(sm.lora->size()) + " linear layers: " + std::to_string(n_adapter) +
+             " adapter parameters + " + std::to_string(count_params(sm.model, true)) +
+             " in modules_to_save trainable; the base model is frozen");
+  }
   log_info(stage + ": model " + std::to_string(count_params(sm.model, false)) + " parameters, " +
            std::to_string(count_params(sm.model, true)) + " trainable; " +
            describe_device(device) + ", " + dtype_name(dtype));
@@ -201,6 +237,15 @@ data::SampleContext make_sample_context(const StageModel& sm, const config::Data
   ctx.source = path;
   ctx.max_length = data.max_length;
   return ctx;
+}
+
+std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageModel& sm) {
+  model::Vlm m = sm.model;  // a handle to the same module (non-const)
+  auto named = train::named_parameters_of(*m);
+  if (sm.lora) {
+    for (auto& kv : sm.lora->named_parameters()) named.push_back(kv);
+  }
+  return named;
 }
 
 }  // namespace mmpost::cli

@@ -25,6 +25,7 @@ struct StageModel {
   std::filesystem::path tokenizer_path;
   data::ImageProcessorConfig image;
   std::filesystem::path source;  // folder it was loaded from (empty: random init)
+  std::unique_ptr<model::LoraAdapters> lora;  // lora.r > 0: the trainable adapters
 };
 
 /// Loads `ckpt` if set, else model.path, else builds model.config with random weights (seeded by
@@ -41,10 +42,17 @@ void check_memory_fits(const model::VlmConfig& c, const config::ModelSection& m,
                        const torch::Device& device, torch::Dtype dtype, const std::string& what,
                        int64_t available_host);
 
+/// With lora.r > 0 every base parameter is frozen except the lora.modules_to_save parts, and
+/// LoRA adapters are attached (trainable, float32); on resume (`ckpt`) the checkpoint's adapter
+/// is loaded into them, otherwise a LoRA adapter found in the source folder is merged first.
 StageModel load_stage_model(const config::ModelSection& m, const config::ImageSection& image,
                             const std::optional<std::filesystem::path>& ckpt,
                             const torch::Device& device, torch::Dtype dtype,
-                            const std::string& stage);
+                            const std::string& stage, const config::LoraSection& lora = {});
+
+/// The trainable tensors of a stage model: the model's named parameters followed by the LoRA
+/// adapter tensors under their PEFT keys.
+std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageModel& sm);
 
 /// Freezes the named parts ("vision_tower", "projector", "language_model").
 void freeze_parts(model::Vlm& m, const std::vector<std::string>& parts);

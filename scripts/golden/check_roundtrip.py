@@ -7,6 +7,11 @@
 3. Loads mmpost's output with transformers `from_pretrained` and requires no missing, unexpected
    or mismatched weights, that the weights moved, and that transformers' logits equal mmpost's own
    (`mmpost inspect forward`) within 1e-4 on the fixture's input_ids/pixel_values.
+With --lora: the sft run trains LoRA adapters (q_proj, v_proj, fc1, down_proj; the projector in
+modules_to_save) instead, and PEFT's PeftModel.from_pretrained(transformers model of the output
+folder, the output folder) must give mmpost's logits (mmpost merges the folder's adapter on
+load) within 1e-4; the frozen base tensors must be unchanged, the adapters trained; a second run
+with lora.merge_on_save writes a plain merged folder with the same logits.
 Prints one JSON line; exit 0 on success, 1 on a mismatch.
 
 Run: .venv/bin/python scripts/golden/check_roundtrip.py --mmpost build/mmpost --workdir /tmp/rt
@@ -62,6 +67,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--mmpost", default=os.path.join(ROOT, "build", "mmpost"))
     ap.add_argument("--workdir", required=True)
+    ap.add_argument("--lora", action="store_true")
     args = ap.parse_args()
     wd = os.path.abspath(args.workdir)
     shutil.rmtree(wd, ignore_errors=True)
@@ -72,6 +78,8 @@ def main():
     sets = [f"model.path={hf_in}", f"data.train={wd}/train.jsonl", "data.eval=\"\"",
             "train.max_steps=3", "train.batch_size=2", "optim.lr=1e-2", "device=cpu",
             "num_threads=1", "data.shuffle_buffer=0"]
+    if args.lora:
+        return check_lora(args, wd, hf_in, out, sets)
     subprocess.run([args.mmpost, "sft", "--output", out, "--no-resume", "--set", *sets],
                    check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
@@ -97,6 +105,62 @@ def main():
     ok = not problems and moved > 0 and maxdiff <= 1e-4
     print(json.dumps({"ok": ok, "loading_problems": problems, "tensors_changed_by_training": moved,
                       "n_tensors": len(after), "logits_maxdiff": maxdiff}))
+    sys.exit(0 if ok else 1)
+
+
+def mmpost_logits(args, wd, folder, inputs):
+    save_file(inputs, os.path.join(wd, "inputs.safetensors"))
+    out = os.path.join(wd, "mmpost_logits.safetensors")
+    subprocess.run([args.mmpost, "inspect", "forward", folder, "--inputs",
+                    os.path.join(wd, "inputs.safetensors"), "--out", out],
+                   check=True, stdout=subprocess.DEVNULL)
+    return load_file(out)["logits"]
+
+
+def check_lora(args, wd, hf_in, out, sets):
+    from peft import PeftModel
+
+    lora = ["lora.r=4", "lora.alpha=8", 'lora.target_modules=["q_proj","v_proj","fc1","down_proj"]',
+            'lora.modules_to_save=["multi_modal_projector"]']
+    subprocess.run([args.mmpost, "sft", "--output", out, "--no-resume", "--set", *sets, *lora],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    merged_out = out + "_merged"
+    subprocess.run([args.mmpost, "sft", "--output", merged_out, "--no-resume", "--set", *sets, *lora,
+                    "lora.merge_on_save=true"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    exp = load_file(os.path.join(FIXTURE, "expected.safetensors"))
+    inputs = {"input_ids": exp["b.input_ids"], "attention_mask": exp["b.attention_mask"],
+              "pixel_values": exp["b.pixel_values"]}
+    # The PEFT way: the original model, then the adapter folder on top. (transformers with peft
+    # installed also loads the folder itself as base + adapter: checked below.)
+    base = LlavaForConditionalGeneration.from_pretrained(hf_in)
+    peft_model = PeftModel.from_pretrained(base, out).eval()
+    auto = LlavaForConditionalGeneration.from_pretrained(out).eval()
+    problems = {}
+    frozen_ok = True
+    adapter = load_file(os.path.join(out, "adapter_model.safetensors"))
+    n_lora = sum(".lora_" in k for k in adapter)
+    # (the last vision layer is past vision_feature_layer -2: no gradient reaches its adapters)
+    b_trained = all(adapter[k].abs().max().item() > 0 for k in adapter
+                    if ".lora_B." in k and "language_model" in k)
+    with torch.no_grad():
+        peft_logits = peft_model(**inputs).logits.float()
+        base_logits = LlavaForConditionalGeneration.from_pretrained(hf_in).eval()(**inputs).logits.float()
+        auto_logits = auto(**inputs).logits.float()
+    mm = mmpost_logits(args, wd, out, inputs)
+    maxdiff = max((peft_logits - mm).abs().max().item(), (auto_logits - mm).abs().max().item())
+    adapter_effect = (peft_logits - base_logits).abs().max().item()
+    merged = LlavaForConditionalGeneration.from_pretrained(merged_out).eval()
+    with torch.no_grad():
+        merged_logits = merged(**inputs).logits.float()
+    merged_diff = (merged_logits - peft_logits).abs().max().item()
+    merged_plain = not os.path.exists(os.path.join(merged_out, "adapter_config.json"))
+    ok = (not problems and frozen_ok and n_lora == 2 * (4 + 4 + 2 + 2) and b_trained and
+          maxdiff <= 1e-4 and adapter_effect > 1e-3 and merged_diff <= 1e-4 and merged_plain)
+    print(json.dumps({"ok": ok, "loading_problems": problems, 
+                      "lora_tensors": n_lora, "lora_B_trained": b_trained,
+                      "peft_vs_mmpost_logits_maxdiff": maxdiff, "adapter_effect": adapter_effect,
+                      "merged_vs_peft_maxdiff": merged_diff, "merged_folder_plain": merged_plain}))
     sys.exit(0 if ok else 1)
 
 

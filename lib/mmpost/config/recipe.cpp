@@ -32,6 +32,7 @@ const std::vector<Choice>& recipe_choices() {
       {"scheduler.name", {"cosine", "linear", "constant"}},
       {"dtype", {"auto", "float32", "bfloat16"}},
       {"mixed_precision", {"no", "bf16"}},
+      {"lora.modules_to_save", {"vision_tower", "multi_modal_projector", "language_model"}},
       {"dist.backend", {"auto", "gloo", "nccl"}},
       {"dpo.ref_dtype", {"float32", "bfloat16"}},
       {"dpo.mdpo.corruption", {"crop", "mask", "noise"}},
@@ -90,6 +91,16 @@ void CommonConfig::validate_common() const {
   MMPOST_CHECK_USAGE(num_threads >= 0, "num_threads: must be >= 0");
   check_one_of("dtype", dtype);
   check_one_of("mixed_precision", mixed_precision);
+  MMPOST_CHECK_USAGE(lora.r >= 0, "lora.r: must be >= 0 (0: off)");
+  MMPOST_CHECK_USAGE(lora.alpha > 0, "lora.alpha: must be > 0");
+  MMPOST_CHECK_USAGE(lora.dropout >= 0 && lora.dropout < 1, "lora.dropout: must be in [0, 1)");
+  MMPOST_CHECK_USAGE(lora.target_modules.is_string() ||
+                         (lora.target_modules.is_array() && !lora.target_modules.empty() &&
+                          std::all_of(lora.target_modules.begin(), lora.target_modules.end(),
+                                      [](const nlohmann::json& t) { return t.is_string(); })),
+                     "lora.target_modules: a non-empty list of module names or one regular "
+                     "expression string");
+  for (const auto& part : lora.modules_to_save) check_one_of("lora.modules_to_save", part);
   MMPOST_CHECK_USAGE(mixed_precision == "no" || dtype != "bfloat16",
                      "mixed_precision: bf16 keeps float32 master weights and needs dtype float32 "
                      "(or auto), got dtype bfloat16",

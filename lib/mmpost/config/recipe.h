@@ -165,6 +165,37 @@ struct DistSection {
   }
 };
 
+/// LoRA adapters (PEFT's LoraConfig names): the base weights are frozen and low-rank adapters
+/// train on the targeted linear layers; modules_to_save parts train fully.
+struct LoraSection {
+  int64_t r = 0;        // rank; 0: LoRA off (full fine-tuning)
+  double alpha = 16;    // lora_alpha; scaling = alpha / r
+  double dropout = 0;   // lora_dropout on the adapter input
+  bool use_rslora = false;  // scaling = alpha / sqrt(r)
+  nlohmann::json target_modules = {"q_proj", "k_proj", "v_proj", "o_proj"};  // list or regex
+  std::vector<std::string> modules_to_save;  // vision_tower | multi_modal_projector | language_model
+  bool merge_on_save = false;  // final folder: merged full model instead of base + adapter
+  template <class V>
+  void visit(V& v) {
+    v("r", r, "LoRA rank (0: off, full fine-tuning)");
+    v("alpha", alpha, "lora_alpha: the adapter output is scaled by alpha / r");
+    v("dropout", dropout, "lora_dropout: dropout on the adapter's input while training");
+    v("use_rslora", use_rslora, "rank-stabilised scaling alpha / sqrt(r) (Kalajdzievski 2023)");
+    v("target_modules", target_modules,
+      "PEFT target_modules: a list of module names matched as name suffixes (q_proj, k_proj, "
+      "v_proj, o_proj, gate_proj, up_proj, down_proj; vision tower: out_proj, fc1, fc2; "
+      "projector: linear_1, linear_2; or paths like language_model.layers.0.mlp.up_proj), or one "
+      "regular expression string matched against whole transformers module paths (e.g. "
+      "\".*language_model.*\\.(q_proj|v_proj)\")");
+    v("modules_to_save", modules_to_save,
+      "parts trained fully beside the adapters and saved in the adapter file: vision_tower | "
+      "multi_modal_projector | language_model");
+    v("merge_on_save", merge_on_save,
+      "final folder holds the merged model (PEFT merge_and_unload) instead of the base weights + "
+      "adapter_config.json + adapter_model.safetensors");
+  }
+};
+
 /// A recipe key that takes one of a fixed set of strings (the algo-owned ones, e.g.
 /// rlhf.loss_type, are parsed by their own name tables in algo/).
 struct Choice {
@@ -190,6 +221,7 @@ struct CommonConfig {
   SchedulerSection scheduler;
   TrainSection train;
   DistSection dist;
+  LoraSection lora;
   template <class V>
   void visit_common(V& v) {
     v("output_dir", output_dir, "where checkpoints, metrics and the final model go");
@@ -208,6 +240,7 @@ struct CommonConfig {
     v("scheduler", scheduler, "learning-rate schedule");
     v("train", train, "loop sizes, logging, evaluation and checkpoints");
     v("dist", dist, "data-parallel training (torchrun / srun launches)");
+    v("lora", lora, "LoRA adapters instead of full fine-tuning (PEFT format)");
   }
   /// The rules every stage shares; throws Error(kUsage) naming the field.
   void validate_common() const;

@@ -5,6 +5,8 @@
 #include <set>
 
 #include "mmpost/core/check.h"
+#include "mmpost/core/log.h"
+#include "mmpost/io/atomic_file.h"
 #include "mmpost/data/chat_template.h"
 #include "mmpost/io/checkpoint.h"
 #include "mmpost/io/safetensors.h"
@@ -37,7 +39,7 @@ model::VlmConfig read_model_config(const fs::path& dir) {
   }
 }
 
-Pretrained load_pretrained(const fs::path& dir) {
+Pretrained load_pretrained(const fs::path& dir, bool merge_adapter) {
   const fs::path cfg_path = dir / "config.json";
   Pretrained p;
   p.config = read_model_config(dir);
@@ -53,6 +55,7 @@ Pretrained load_pretrained(const fs::path& dir) {
                      "\n  hint: check that config.json has its vision_config and text_config");
   p.model = model::build_vlm(p.config);
   model::load_hf_weights(*p.model, tensors, dir.string());
+  if (merge_adapter && has_lora_adapter(dir)) merge_lora_adapter(*p.model, dir);
   p.tokenizer_path = find_tokenizer(dir);
   p.image.image_size = p.config.vision_config.image_size;
   // Both files are read when present: transformers 5 loads processor_config.json, 4.x
@@ -307,6 +310,83 @@ void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tok
   }
   io::write_text_atomic(dir / "preprocessor_config.json",
                     data::preprocessor_config_json(image).dump(2) + "\n");
+}
+
+bool has_lora_adapter(const fs::path& dir) {
+  return fs::is_regular_file(dir / "adapter_config.json") &&
+         fs::is_regular_file(dir / "adapter_model.safetensors");
+}
+
+model::LoraSettings read_lora_settings(const fs::path& dir) {
+  const fs::path file = dir / "adapter_config.json";
+  const auto j = read_json(file);
+  MMPOST_CHECK_USAGE(j.value("peft_type", std::string()) == "LORA", file.string(),
+                     ": peft_type must be LORA");
+  for (const char* key : {"use_dora", "fan_in_fan_out"}) {
+    MMPOST_CHECK_USAGE(!j.value(key, false), file.string(), ": ", key, " is not supported");
+  }
+  for (const char* key : {"rank_pattern", "alpha_pattern"}) {
+    MMPOST_CHECK_USAGE(!j.contains(key) || j[key].is_null() || j[key].empty(), file.string(),
+                       ": ", key, " is not supported");
+  }
+  MMPOST_CHECK_USAGE(!j.contains("layers_to_transform") || j["layers_to_transform"].is_null(),
+                     file.string(), ": layers_to_transform is not supported");
+  model::LoraSettings s;
+  try {
+    s.r = j.at("r").get<int64_t>();
+    s.lora_alpha = j.at("lora_alpha").get<double>();
+    s.lora_dropout = j.value("lora_dropout", 0.0);
+    s.use_rslora = j.value("use_rslora", false);
+    const auto& t = j.at("target_modules");
+    if (t.is_string()) {
+      s.target_regex = t.get<std::string>();
+    } else {
+      s.target_modules = t.get<std::vector<std::string>>();
+    }
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(ErrorKind::kUsage, file.string() + ": " + e.what());
+  }
+  return s;
+}
+
+void merge_lora_adapter(model::VlmImpl& m, const fs::path& dir) {
+  model::LoraAdapters adapters(m, read_lora_settings(dir));
+  const fs::path file = dir / "adapter_model.safetensors";
+  adapters.load(io::load_safetensors(file), file.string());
+  adapters.merge_and_unload();
+  log_info(dir.string() + ": LoRA adapter merged into the weights (" +
+           std::to_string(adapters.size()) + " layers)");
+}
+
+void save_lora_adapter(const fs::path& dir, const model::VlmImpl& m,
+                       const model::LoraAdapters& adapters,
+                       const std::vector<std::string>& modules_to_save,
+                       const std::string& base_model) {
+  std::map<std::string, torch::Tensor> tensors;
+  for (const auto& [key, t] : adapters.named_parameters()) {
+    tensors[key] = t.detach().to(torch::kCPU, torch::kFloat32).contiguous();
+  }
+  std::vector<std::string> saved_modules;
+  const std::map<std::string, std::string> prefix_of = {
+      {"vision_tower", "vision_tower."},
+      {"multi_modal_projector", "multi_modal_projector."},
+      {"language_model", "language_model."}};
+  for (const auto& part : modules_to_save) {
+    saved_modules.push_back(part);
+    for (const auto& item : m.named_parameters(/*recurse=*/true)) {
+      const std::string& name = item.key();
+      if (name.rfind(prefix_of.at(part), 0) != 0) continue;
+      const auto dot = name.rfind('.');
+      tensors["base_model.model." + model::transformers_module_path(name.substr(0, dot)) +
+              name.substr(dot)] = item.value().detach().to(torch::kCPU, torch::kFloat32).contiguous();
+    }
+  }
+  fs::create_directories(dir);
+  io::save_safetensors(dir / "adapter_model.safetensors", tensors);
+  const std::string text = adapters.adapter_config(base_model, saved_modules).dump(2) + "\n";
+  io::AtomicFile f(dir / "adapter_config.json");
+  f.write(text.data(), text.size());
+  f.commit();
 }
 
 }  // namespace mmpost::hub

@@ -11,6 +11,7 @@
 
 #include "mmpost/data/image.h"
 #include "mmpost/data/tokenizer.h"
+#include "mmpost/model/lora.h"
 #include "mmpost/model/vlm.h"
 
 namespace mmpost::hub {
@@ -32,9 +33,32 @@ nlohmann::json read_json(const std::filesystem::path& path);
 model::VlmConfig read_model_config(const std::filesystem::path& dir);
 
 /// Loads DIR: config.json (HF names), weights (safetensors, both LLaVA name layouts), tokenizer
-/// and preprocessor settings; the model is float32 on the CPU. Throws Error(kUsage) for a missing
-/// folder or config, Error(kRuntime) for weight problems (missing/unexpected/shape, listed).
-Pretrained load_pretrained(const std::filesystem::path& dir);
+/// and preprocessor settings; the model is float32 on the CPU. A PEFT LoRA adapter in DIR (an
+/// mmpost LoRA run's output) is merged into the weights unless `merge_adapter` is false.
+/// Throws Error(kUsage) for a missing folder or config, Error(kRuntime) for weight problems
+/// (missing/unexpected/shape, listed).
+Pretrained load_pretrained(const std::filesystem::path& dir, bool merge_adapter = true);
+
+/// True when DIR holds a PEFT LoRA adapter (adapter_config.json + adapter_model.safetensors).
+bool has_lora_adapter(const std::filesystem::path& dir);
+
+/// The LoRA settings of DIR/adapter_config.json (PEFT's LoraConfig). Throws Error(kUsage)
+/// naming the file for another peft_type or options mmpost does not reproduce (DoRA,
+/// rank/alpha patterns, layers_to_transform, fan_in_fan_out).
+model::LoraSettings read_lora_settings(const std::filesystem::path& dir);
+
+/// Merges DIR's LoRA adapter into `model` (W += s B A; PEFT merge_and_unload). Throws
+/// Error(kUsage)/(kData) naming the file when the adapter does not fit the model.
+void merge_lora_adapter(model::VlmImpl& model, const std::filesystem::path& dir);
+
+/// Writes `adapters` in PEFT's format into DIR: adapter_model.safetensors (lora_A/lora_B under
+/// PEFT keys, plus every parameter of the `modules_to_save` parts as
+/// "base_model.model.<transformers path>") and adapter_config.json. Atomic files; throws
+/// Error(kRuntime).
+void save_lora_adapter(const std::filesystem::path& dir, const model::VlmImpl& model,
+                       const model::LoraAdapters& adapters,
+                       const std::vector<std::string>& modules_to_save,
+                       const std::string& base_model);
 
 /// Registers the HF "added tokens" of a tokenizer folder with `tok`: tokenizer.json's
 /// "added_tokens" (what transformers 5 save_pretrained writes) and tokenizer_config.json's

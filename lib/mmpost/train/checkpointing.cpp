@@ -53,6 +53,9 @@ void save_model_bundle(const fs::path& dir, const ModelBundle& b) {
     hub::save_pretrained(dir, vlm, tok_path, b.image, torch::kFloat32, int64_t{5} << 30,
                          b.tokenizer);
   }
+  if (b.lora != nullptr && b.lora->size() > 0 && !b.lora->named_parameters().empty()) {
+    hub::save_lora_adapter(dir, *b.vlm, *b.lora, b.lora_modules_to_save, b.lora_base_model);
+  }
   if (b.value_head) {
     io::save_safetensors(dir / kValueHeadFile,
                          {{"weight", b.value_head->weight}, {"bias", b.value_head->bias}});
@@ -145,7 +148,14 @@ void Checkpointer::export_final() {
   if (!writer_) return;
   try {
     io::check_free_space(out_, bytes_needed_);
-    save_model_bundle(out_, bundle_);
+    if (bundle_.lora != nullptr && bundle_.lora_merge_on_save) {
+      bundle_.lora->merge_and_unload();  // the run is over: the live model becomes the merged one
+      ModelBundle merged = bundle_;
+      merged.lora = nullptr;
+      save_model_bundle(out_, merged);
+    } else {
+      save_model_bundle(out_, bundle_);
+    }
   } catch (const Error&) {
     throw;
   } catch (const std::exception& e) {

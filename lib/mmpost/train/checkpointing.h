@@ -42,6 +42,11 @@ struct ModelBundle {
   torch::nn::Linear value_head{nullptr};    // ppo: value_head.safetensors {weight [1, C], bias [1]}
   const data::Tokenizer* tokenizer = nullptr;
   data::ImageProcessorConfig image;
+  // LoRA runs: the adapter is written beside the (frozen) base weights in PEFT's format.
+  model::LoraAdapters* lora = nullptr;
+  std::vector<std::string> lora_modules_to_save;
+  std::string lora_base_model;     // adapter_config.json base_model_name_or_path
+  bool lora_merge_on_save = false;  // export_final writes the merged model, no adapter files
 };
 
 /// Writes `b` as a model folder into `dir` (float32 weights, atomic files). Throws Error(kRuntime).
