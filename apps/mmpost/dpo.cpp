@@ -127,9 +127,10 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
   log_info("dpo: resolved recipe\n" + config::format_table(config::to_rows(cfg)));
 
   // ---- policy + reference ------------------------------------------------------------------
-  auto sm = load_stage_model(cfg.model, cfg.data.image, run.checkpoint(), device, dtype, "dpo");
+  auto sm = load_stage_model(cfg.model, cfg.data.image, run.checkpoint(), device, dtype, "dpo",
+                             cfg.lora);
   model::Vlm model = sm.model;
-  model::Vlm reference{nullptr};
+  StageReference reference;
   const fs::path ref_src = cfg.dpo.ref_model.empty() ? fs::path(cfg.model.path)
                                                      : fs::path(cfg.dpo.ref_model);
 
@@ -165,14 +166,10 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
            describe(loss_cfg) + (mdpo ? " + mDPO" : ""));
   if (run.finished(total_steps)) return run.report_already_finished();
   if (!ref_free) {  // the starting policy, never the resumed checkpoint
-    log_info("dpo: reference model from " + ref_src.string() + " (" + dtype_name(ref_dtype) + ")");
-    reference = hub::load_pretrained(ref_src).model;
-    MMPOST_CHECK_USAGE(reference->config().text_config.vocab_size ==
-                           model->config().text_config.vocab_size,
-                       "dpo.ref_model: vocabulary size differs from the policy's");
-    reference->to(device, ref_dtype);
-    reference->eval();
-    for (auto& p : reference->parameters()) p.set_requires_grad(false);
+    const std::string own_copy = !cfg.dpo.ref_model.empty() ? "dpo.ref_model"
+                                 : ref_dtype != dtype        ? "dpo.ref_dtype"
+                                                             : "";
+    reference = load_reference(sm, cfg.lora, ref_src, own_copy, device, ref_dtype, "dpo");
   }
   train::PreferenceEvalOptions eval_opts;
   eval_opts.beta = cfg.dpo.beta;
@@ -202,20 +199,26 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
                               "|" + data::preprocessor_config_json(ctx.image).dump() + "|" +
                               std::to_string(ctx.image.max_pixels) + "|" +
                               (padding_free ? "padding_free" : "padded");
-      return train::precompute_reference_logps(reference, ctx, path, eval_opts, device,
-                                               ref_dtype, out / file, key, run.process_group());
+      auto o = eval_opts;
+      o.reference_adapters_off = reference.adapters_off;
+      return train::precompute_reference_logps(reference.model, ctx, path, o, device, ref_dtype,
+                                               out / file, key, run.process_group());
     };
     ref_cache = precompute(cfg.data.train, "ref_logps.safetensors");
     if (!cfg.data.eval.empty()) eval_ref_cache = precompute(cfg.data.eval, "ref_logps_eval.safetensors");
-    reference = model::Vlm{nullptr};  // no longer needed: free its memory
+    reference = StageReference{};  // no longer needed: free its memory
   }
 
   // ---- optimizer, checkpoints, resume ------------------------------------------------------
-  train::Optimizer optimizer(train::named_parameters_of(*model), cfg.optim, cfg.scheduler,
+  train::Optimizer optimizer(trainable_named(sm), cfg.optim, cfg.scheduler,
                              cfg.train.clip_grad_norm, total_steps,
                              run.process_group(), cfg.dist);
   train::Checkpointer checkpointer(cfg.output_dir, cfg.train.keep_last_n_checkpoints,
-                                   {.vlm = model, .tokenizer = sm.tokenizer.get(), .image = sm.image},
+                                   {.vlm = model, .tokenizer = sm.tokenizer.get(), .image = sm.image,
+                                    .lora = sm.lora.get(),
+                                    .lora_modules_to_save = cfg.lora.modules_to_save,
+                                    .lora_base_model = cfg.model.path,
+                                    .lora_merge_on_save = cfg.lora.merge_on_save},
                                    optimizer, run.checkpoint() ? run.state.step : -1, run.is_main());
   if (run.checkpoint()) {
     train::load_optimizer_and_rng(*run.checkpoint(), optimizer);
@@ -233,7 +236,8 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     o.max_samples = cfg.train.eval_max_samples;
     o.show_progress = false;
     o.pg = run.process_group();  // each rank scores its share
-    model::Vlm* ref = reference ? &reference : nullptr;
+    o.reference_adapters_off = reference.adapters_off;
+    model::Vlm* ref = reference ? &reference.model : nullptr;
     const train::ReferenceLogpsCache* cache = eval_ref_cache ? &*eval_ref_cache : nullptr;
     auto r = train::evaluate_preferences(model, ref, ctx, cfg.data.eval, o, device, dtype, cache);
     run.log_eval({{"eval/rewards/accuracies", r.accuracy},
@@ -272,8 +276,9 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
         ref = ref_cache->lookup(b, device);
       } else if (!ref_free) {
         torch::NoGradGuard no_grad;
+        model::AdaptersDisabled adapters_off(reference.adapters_off);
         auto rb = ref_dtype == dtype ? b : b.to(device, ref_dtype);
-        auto r = train::preference_forward(reference, rb, false, mdpo, padding_free);
+        auto r = train::preference_forward(reference.model, rb, false, mdpo, padding_free);
         ref = r.logps;
         ref_chosen_corrupted = r.chosen_corrupted;
       }

@@ -174,16 +174,12 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   log_info("rlhf: resolved recipe\n" + config::format_table(config::to_rows(cfg)));
 
   // ---- policy, reference, reward model, value head -------------------------------------------
-  auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rlhf");
+  auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rlhf", cfg.lora);
   model::Vlm model = sm.model;
   data::Tokenizer& tokenizer = *sm.tokenizer;
-  model::Vlm reference{nullptr};
+  StageReference reference;
   if (rl.beta > 0) {  // beta = 0 loads no reference model (TRL)
-    log_info("rlhf: reference model from " + cfg.model.path);
-    reference = hub::load_pretrained(cfg.model.path).model;
-    reference->to(device, dtype);
-    reference->eval();
-    for (auto& p : reference->parameters()) p.set_requires_grad(false);
+    reference = load_reference(sm, cfg.lora, cfg.model.path, "", device, dtype, "rlhf");
   }
   model::RewardModel reward_model{nullptr};
   if (!rl.reward_model.empty()) {
@@ -232,7 +228,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   if (run.finished(total_steps)) return run.report_already_finished();
 
   // ---- optimizer, checkpoints, resume ------------------------------------------------------
-  auto named = train::named_parameters_of(*model);
+  auto named = trainable_named(sm);
   if (ppo) {
     named.emplace_back("value_head.weight", value_head->weight);
     named.emplace_back("value_head.bias", value_head->bias);
@@ -241,7 +237,11 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
                              total_steps, run.process_group(), cfg.dist);
   train::Checkpointer checkpointer(cfg.output_dir, cfg.train.keep_last_n_checkpoints,
                                    {.vlm = model, .value_head = value_head,
-                                    .tokenizer = sm.tokenizer.get(), .image = sm.image},
+                                    .tokenizer = sm.tokenizer.get(), .image = sm.image,
+                                    .lora = sm.lora.get(),
+                                    .lora_modules_to_save = cfg.lora.modules_to_save,
+                                    .lora_base_model = cfg.model.path,
+                                    .lora_merge_on_save = cfg.lora.merge_on_save},
                                    optimizer, ckpt ? run.state.step : -1, run.is_main());
   if (ckpt) {
     train::load_optimizer_and_rng(*ckpt, optimizer);
@@ -366,7 +366,8 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     Tensor passed = specs.empty() ? (rewards > 0).to(torch::kFloat32)
                                   : (scores.values[pass_index] >= rl.pass_threshold).to(torch::kFloat32);
     if (reference) {
-      r.ref_logps = train::completion_forward(reference, r, 0, r.P).logps * r.mask;
+      model::AdaptersDisabled adapters_off(reference.adapters_off);
+      r.ref_logps = train::completion_forward(reference.model, r, 0, r.P).logps * r.mask;
       auto kl = algo::per_token_kl(r.old_logps, r.ref_logps,
                                    full_kl ? algo::KlEstimator::kK3 : kl_est);
       const double kl_mean = ((kl * r.mask).sum() / r.mask.sum().clamp_min(1)).item<double>();
@@ -498,7 +499,11 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
           auto loss = po.loss * policy_share;
           if (kl_loss && full_kl) {  // exact KL over the vocabulary as a loss term
             torch::NoGradGuard ng;
-            auto ref_logits = train::completion_forward(reference, r, p0, p1, true).logits;
+            Tensor ref_logits;
+            {
+              model::AdaptersDisabled adapters_off(reference.adapters_off);
+              ref_logits = train::completion_forward(reference.model, r, p0, p1, true).logits;
+            }
             torch::AutoGradMode on(true);
             auto kl = algo::full_kl(fwd.logits, ref_logits);
             auto kl_mean = (kl * mask).sum() / mask.sum().clamp_min(1);

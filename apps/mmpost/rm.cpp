@@ -164,7 +164,7 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
   const auto& ckpt = run.checkpoint();
 
   // ---- model + score head ------------------------------------------------------------------
-  auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rm");
+  auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rm", cfg.lora);
   model::RewardModel rm(sm.model);  // score ~ N(0, 0.02^2), seeded by Run
   const fs::path head_src = ckpt ? *ckpt : fs::path(cfg.model.path);
   if (ckpt || hub::has_reward_head(head_src)) {
@@ -208,12 +208,21 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
   if (run.finished(total_steps)) return run.report_already_finished();
 
   // ---- optimizer, checkpoints, resume ------------------------------------------------------
-  train::Optimizer optimizer(train::named_parameters_of(*rm), cfg.optim, cfg.scheduler,
+  // The score head is always trained (PEFT's SEQ_CLS task saves it beside the adapters).
+  auto named = train::named_parameters_of(*rm);
+  if (sm.lora) {
+    for (auto& kv : sm.lora->named_parameters()) named.push_back(kv);
+  }
+  train::Optimizer optimizer(named, cfg.optim, cfg.scheduler,
                              cfg.train.clip_grad_norm, total_steps,
                              run.process_group(), cfg.dist);
   train::Checkpointer checkpointer(
       cfg.output_dir, cfg.train.keep_last_n_checkpoints,
-      {.reward_model = rm, .tokenizer = sm.tokenizer.get(), .image = sm.image},
+      {.vlm = sm.model, .reward_model = rm, .tokenizer = sm.tokenizer.get(), .image = sm.image,
+       .lora = sm.lora.get(),
+       .lora_modules_to_save = cfg.lora.modules_to_save,
+       .lora_base_model = cfg.model.path,
+       .lora_merge_on_save = cfg.lora.merge_on_save},
       optimizer, ckpt ? run.state.step : -1, run.is_main());
   if (ckpt) {
     train::load_optimizer_and_rng(*ckpt, optimizer);

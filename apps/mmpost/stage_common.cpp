@@ -187,7 +187,6 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   sm.model->train();
   sm.model->set_activation_checkpointing(m.enable_activation_checkpointing);
   if (lora.r > 0) {
-    MMPOST_CHECK_USAGE(stage == "sft", "lora: ", stage, " does not support LoRA yet (sft does)");
     for (auto& p : sm.model->parameters()) p.set_requires_grad(false);
     for (const auto& part : lora.modules_to_save) {
       auto* module = part == "vision_tower" ? static_cast<torch::nn::Module*>(sm.model->vision_tower.get())
@@ -246,6 +245,33 @@ std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageMo
     for (auto& kv : sm.lora->named_parameters()) named.push_back(kv);
   }
   return named;
+}
+
+StageReference load_reference(StageModel& sm, const config::LoraSection& lora,
+                              const fs::path& src, const std::string& own_copy_reason,
+                              const torch::Device& device, torch::Dtype dtype,
+                              const std::string& stage) {
+  StageReference ref;
+  if (sm.lora && own_copy_reason.empty() && lora.modules_to_save.empty()) {
+    log_info(stage + ": reference model = the policy with its LoRA adapters off (no copy)");
+    ref.model = sm.model;
+    ref.adapters_off = sm.lora.get();
+    return ref;
+  }
+  std::string why;
+  if (sm.lora) {
+    why = !own_copy_reason.empty() ? "; a copy, as " + own_copy_reason + " asks"
+                                   : "; a copy, since lora.modules_to_save trains whole parts";
+  }
+  log_info(stage + ": reference model from " + src.string() + " (" + dtype_name(dtype) + why + ")");
+  ref.model = hub::load_pretrained(src).model;
+  MMPOST_CHECK_USAGE(ref.model->config().text_config.vocab_size ==
+                         sm.model->config().text_config.vocab_size,
+                     src.string(), ": the reference model's vocabulary size differs from the policy's");
+  ref.model->to(device, dtype);
+  ref.model->eval();
+  for (auto& p : ref.model->parameters()) p.set_requires_grad(false);
+  return ref;
 }
 
 }  // namespace mmpost::cli

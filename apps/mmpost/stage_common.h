@@ -54,6 +54,25 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
 /// adapter tensors under their PEFT keys.
 std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageModel& sm);
 
+/// The frozen reference of dpo and rlhf (implicit rewards, KL). Either a model of its own, or,
+/// under LoRA, the policy itself with its adapters switched off around each reference forward
+/// (`model::AdaptersDisabled off(ref.adapters_off)`), as TRL does with a PEFT model: no second
+/// copy of the weights.
+struct StageReference {
+  model::Vlm model{nullptr};
+  model::LoraAdapters* adapters_off = nullptr;  // non-null: `model` is the policy
+  explicit operator bool() const { return static_cast<bool>(model); }
+};
+
+/// Loads the reference for `stage` from `src` in `dtype`, frozen and in eval mode. Under LoRA
+/// it is the policy with adapters off instead, unless `own_copy_reason` is non-empty (a separate
+/// reference model or dtype was asked for) or lora.modules_to_save trains whole parts (their
+/// original weights are gone from the policy): then a copy is loaded and the log says why.
+StageReference load_reference(StageModel& sm, const config::LoraSection& lora,
+                              const std::filesystem::path& src, const std::string& own_copy_reason,
+                              const torch::Device& device, torch::Dtype dtype,
+                              const std::string& stage);
+
 /// Freezes the named parts ("vision_tower", "projector", "language_model").
 void freeze_parts(model::Vlm& m, const std::vector<std::string>& parts);
 

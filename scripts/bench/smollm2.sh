@@ -19,22 +19,8 @@ REPEATS=${REPEATS:-3}
 THREADS=${THREADS:-2}
 STEPS=${STEPS:-10}
 OUT=${BENCH_OUT:-/tmp/mmpost-bench-smollm2}
-PY="$ROOT/.venv/bin/python"
-MMPOST="$ROOT/build/mmpost"
-DATA="$ROOT/data/instruct-text/heldout.jsonl"
-rm -rf "$OUT" && mkdir -p "$OUT"
-LM=$("$PY" scripts/get_smollm2.py)
-"$MMPOST" init --language-model "$LM" --out "$OUT/vlm" --config \
-  '{"vision_config": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "image_size": 32, "patch_size": 8}}' >/dev/null
-cat > "$OUT/sft.json" <<JSON
-{"seed": 0, "device": "cpu", "dtype": "float32", "num_threads": $THREADS,
- "model": {"path": "$OUT/vlm"},
- "data": {"train": "$DATA", "eval": "", "max_length": 256, "shuffle_buffer": 0, "num_workers": 2},
- "optim": {"lr": 1e-5, "betas": [0.9, 0.98], "weight_decay": 0.0},
- "scheduler": {"name": "constant", "warmup_steps": 0},
- "train": {"batch_size": 8, "max_steps": $((STEPS + 1)), "clip_grad_norm": 1.0,
-           "log_every_n_steps": 1, "save_every_n_steps": 0}}
-JSON
+LR=1e-5
+source "$ROOT/scripts/bench/smollm2_common.sh"
 now() { date +%s.%N; }
 rows="$OUT/rows.jsonl"
 "$PY" -c 'import sys; sys.path.insert(0, "scripts/parity"); import smollm2_tokenizer as t; open(sys.argv[1], "w", encoding="utf-8").write("".join(t.debian_text(3_000_000)))' "$OUT/corpus.txt"

@@ -6,6 +6,10 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <mutex>
+
+#include "mmpost/model/lora.h"
+
 namespace mmpost::model {
 namespace {
 
@@ -18,6 +22,10 @@ struct CheckpointBackward : torch::autograd::Node {
   std::vector<torch::Tensor> params;
   // Autocast as it was during the forward, for every device type that had it on.
   std::vector<std::pair<at::DeviceType, at::ScalarType>> autocast;
+  // The input device's default generator as it was before the forward, so that the recompute
+  // draws the same dropout masks (LoRA dropout), as torch.utils.checkpoint's preserve_rng_state.
+  at::Generator generator;
+  torch::Tensor rng_state;
 
   std::string name() const override { return "mmpost::CheckpointBackward"; }
 
@@ -33,7 +41,17 @@ struct CheckpointBackward : torch::autograd::Node {
     }
     if (!autocast.empty()) at::autocast::increment_nesting();
     auto input = x.detach().requires_grad_(x_requires_grad);
+    torch::Tensor now;
+    {  // the lock guards get/set only: fn's own draws take it
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      now = generator.get_state();
+      generator.set_state(rng_state);
+    }
     torch::Tensor y = fn(input);
+    {
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      generator.set_state(now);
+    }
     if (!autocast.empty() && at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
     for (auto& [dev, st] : before) {
       at::autocast::set_autocast_enabled(dev, st.first);
@@ -61,6 +79,14 @@ std::vector<torch::Tensor> trainable_parameters(const torch::nn::Module& m) {
   for (const auto& p : m.parameters(/*recurse=*/true)) {
     if (p.requires_grad()) out.push_back(p);
   }
+  // LoRA adapter tensors are not registered parameters (see lora.h) but are trained.
+  for (const auto& sub : m.modules(/*include_self=*/false)) {
+    if (const auto* l = dynamic_cast<const LoraLinearImpl*>(sub.get())) {
+      for (const auto* t : {&l->lora_A, &l->lora_B}) {
+        if (t->defined() && t->requires_grad()) out.push_back(*t);
+      }
+    }
+  }
   return out;
 }
 
@@ -69,12 +95,17 @@ torch::Tensor checkpointed(const std::function<torch::Tensor(const torch::Tensor
   const bool needs = torch::GradMode::is_enabled() &&
                      (x.requires_grad() || !params.empty());
   if (!needs) return fn(x);
+  auto node = c10::make_intrusive<CheckpointBackward>();
+  node->generator = at::globalContext().defaultGenerator(x.device());
+  {
+    std::lock_guard<std::mutex> lock(node->generator.mutex());
+    node->rng_state = node->generator.get_state();
+  }
   torch::Tensor y;
   {
     torch::NoGradGuard no_grad;
     y = fn(x);
   }
-  auto node = c10::make_intrusive<CheckpointBackward>();
   node->fn = fn;
   node->x = x.detach();
   node->x_requires_grad = x.requires_grad();

@@ -15,14 +15,16 @@ namespace mmpost::model {
 /// y = fn(x) with only x (not fn's intermediate activations) kept for backward. `params` are the
 /// tensors fn reads that need gradients (the layer's parameters); in backward, fn is run again on
 /// x with grad mode (and the autocast state of the forward) restored, and the incoming gradient
-/// of y is propagated to x and `params`. fn must be deterministic (no dropout): mmpost's layers
-/// have none. x: any shape; returns fn(x). When grad mode is off, or neither x nor any of
+/// of y is propagated to x and `params`. Random draws in fn (LoRA dropout) repeat
+/// exactly: the default generator of x's device is reset to its pre-forward state for the
+/// recompute and put back afterwards (torch.utils.checkpoint's preserve_rng_state). x: any shape; returns fn(x). When grad mode is off, or neither x nor any of
 /// `params` requires grad, it is just fn(x). Gradients equal the plain forward's (same kernels on
 /// the same shapes).
 torch::Tensor checkpointed(const std::function<torch::Tensor(const torch::Tensor&)>& fn,
                            const torch::Tensor& x, const std::vector<torch::Tensor>& params);
 
-/// The parameters of `m` that require grad (checkpointed's `params` for one layer).
+/// The parameters of `m` that require grad, then the trainable LoRA adapter tensors of its
+/// LoraLinear layers (checkpointed's `params` for one layer).
 std::vector<torch::Tensor> trainable_parameters(const torch::nn::Module& m);
 
 }  // namespace mmpost::model

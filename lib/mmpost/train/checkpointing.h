@@ -37,7 +37,7 @@ struct TrainState {
 /// What a model folder holds: the VLM, or a reward model (VLM + score head), optionally a PPO
 /// value head; the tokenizer (written from its bytes in memory) and image settings.
 struct ModelBundle {
-  model::Vlm vlm{nullptr};                  // set unless reward_model is
+  model::Vlm vlm{nullptr};                  // the VLM (rm: the trunk, for its LoRA adapter)
   model::RewardModel reward_model{nullptr}; // rm: written by hub::save_reward_model
   torch::nn::Linear value_head{nullptr};    // ppo: value_head.safetensors {weight [1, C], bias [1]}
   const data::Tokenizer* tokenizer = nullptr;

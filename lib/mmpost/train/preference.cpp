@@ -150,9 +150,13 @@ PreferenceEvalResult evaluate_preferences(model::Vlm& policy, model::Vlm* refere
     auto p = preference_forward(policy, b, false, false, opts.padding_free).logps;
     auto chosen = p.chosen, rejected = p.rejected;
     if (reference != nullptr || ref_cache != nullptr) {
-      auto q = reference != nullptr
-                   ? preference_forward(*reference, b, false, false, opts.padding_free).logps
-                                    : ref_cache->lookup(b, device);
+      algo::PreferenceLogps q;
+      if (reference != nullptr) {
+        model::AdaptersDisabled adapters_off(opts.reference_adapters_off);
+        q = preference_forward(*reference, b, false, false, opts.padding_free).logps;
+      } else {
+        q = ref_cache->lookup(b, device);
+      }
       chosen = chosen - q.chosen.to(chosen.device());
       rejected = rejected - q.rejected.to(rejected.device());
     }
@@ -245,7 +249,9 @@ ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
   Progress progress("ref logps", data::count_records(path));
   const int64_t pad_id = ctx.tokenizer->pad_id() >= 0 ? ctx.tokenizer->pad_id()
                                                        : ctx.tokenizer->eos_id();
+  const bool was_training = reference->is_training();  // the policy, under LoRA
   reference->eval();
+  model::AdaptersDisabled adapters_off(opts.reference_adapters_off);
   torch::NoGradGuard no_grad;
   std::vector<double> rows;  // line, chosen, rejected, chosen_tail, rejected_tail per pair
   while (auto samples = loader->next_batch()) {
@@ -263,6 +269,7 @@ ReferenceLogpsCache precompute_reference_logps(model::Vlm& reference,
     progress.update(static_cast<int64_t>(rows.size() / 5) * world);
   }
   progress.finish();
+  if (was_training) reference->train();
   if (pg) {
     auto parts = pg->all_gather_object(rows);
     rows.clear();

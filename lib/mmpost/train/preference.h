@@ -13,6 +13,7 @@
 #include "mmpost/algo/dpo_loss.h"
 #include "mmpost/data/preference_dataset.h"
 #include "mmpost/dist/process_group.h"
+#include "mmpost/model/lora.h"
 #include "mmpost/model/vlm.h"
 
 namespace mmpost::train {
@@ -58,6 +59,9 @@ struct PreferenceEvalOptions {
   /// evaluate_preferences under torchrun / srun: each rank scores its share of the records
   /// (positions p % world == rank), the sums are all-reduced and every rank gets the result.
   dist::ProcessGroup* pg = nullptr;
+  /// Set when the reference is the policy itself under LoRA: these adapters are switched off
+  /// around each reference forward (model::AdaptersDisabled).
+  model::LoraAdapters* reference_adapters_off = nullptr;
 };
 
 /// Reference log-probs per JSONL line: chosen, rejected, chosen_tail, rejected_tail (float32).
