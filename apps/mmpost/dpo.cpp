@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "mmpost/algo/chunked_logps.h"
 #include "mmpost/algo/dpo_loss.h"
 #include "mmpost/cli_common.h"
 #include "mmpost/config/recipe.h"
@@ -257,6 +258,12 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
   auto& state = run.state;
   train::MetricWindow window;
   const int64_t n_micro = cfg.train.gradient_accumulation_steps;
+  // train.logits_chunk_size: completion tokens through the LM head a chunk at a time (0: whole).
+  const int64_t chunk_rows =
+      cfg.train.logits_chunk_size == 0
+          ? 0
+          : algo::logits_chunk_rows(cfg.train.logits_chunk_size,
+                                    model->config().text_config.vocab_size);
   while (state.step < total_steps) {
     // The step's micro-batches first: each one's loss is a mean over its pairs on all ranks.
     auto step = next_step_batches(loader, n_micro, run, cfg.data.train);
@@ -268,8 +275,8 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
       if (micro[a].empty()) continue;  // this rank's share of the window is empty
       const double n_pairs = pairs[a];
       auto b = data::collate_preference(micro[a], pad_id).to(device, dtype);
-      auto pol = train::preference_forward(model, b, loss_cfg.use_weighting, mdpo,
-                                           padding_free);  // [2B] rows
+      auto pol = train::preference_forward(model, b, loss_cfg.use_weighting, mdpo, padding_free,
+                                           chunk_rows);  // [2B] rows
       algo::PreferenceLogps ref;
       torch::Tensor ref_chosen_corrupted;
       if (ref_cache) {
@@ -278,7 +285,8 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
         torch::NoGradGuard no_grad;
         model::AdaptersDisabled adapters_off(reference.adapters_off);
         auto rb = ref_dtype == dtype ? b : b.to(device, ref_dtype);
-        auto r = train::preference_forward(reference.model, rb, false, mdpo, padding_free);
+        auto r = train::preference_forward(reference.model, rb, false, mdpo, padding_free,
+                                           chunk_rows);
         ref = r.logps;
         ref_chosen_corrupted = r.chosen_corrupted;
       }

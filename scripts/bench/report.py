@@ -58,6 +58,22 @@ def mfu_flops(params, vision_cfg, tokens_per_s, images_per_s):
                 + params["vision_tower"] * (p + 1) * images_per_s)
 
 
+GENERATED = ("## Machine and versions", "## 1. ", "## 2. ", "## 3. ", "## Commands")
+
+
+def kept_sections(path):
+    """The `## ` sections of an earlier BENCHMARKS.md that main() does not write, as lines."""
+    if not path or not os.path.exists(path):
+        return []
+    out, keep = [], False
+    for line in open(path, encoding="utf-8").read().split("\n"):
+        if line.startswith("## "):
+            keep = not line.startswith(GENERATED)
+        if keep:
+            out.append(line)
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", required=True)
@@ -67,6 +83,9 @@ def main():
     ap.add_argument("--repeats", type=int, required=True)
     ap.add_argument("--sft-repeats", type=int, required=True)
     ap.add_argument("--seconds", type=int, required=True)
+    ap.add_argument("--keep-from", default="",
+                    help="the previous BENCHMARKS.md: its sections this script does not write "
+                         "(made by other scripts, each naming its command) are carried over")
     a = ap.parse_args()
     o = a.out_dir
     loads = [json.loads(l) for l in open(os.path.join(o, "load.jsonl"))]
@@ -213,6 +232,7 @@ def main():
         w(f"| {cfg} | {p['lm_other'] / 1e6:.2f} / {p['projector'] / 1e6:.2f} / {p['vision_tower'] / 1e6:.2f} | "
           f"{fm / 1e9:.1f} | {fr / 1e9:.1f} | {100 * fm / peak:.1f}% | {100 * fr / peak:.1f}% |")
     w("")
+    L.extend(kept_sections(a.keep_from))
     w("## Commands\n")
     w("```")
     w("# 1. preprocessing (per workers W in 1 2, per repeat), photos then digits:")

@@ -106,6 +106,9 @@ log "gemm peak"
 echo "{\"phase\": \"end\", \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\"}" >>"$OUT/load.jsonl"
 
 # ---- report ------------------------------------------------------------------------------------
+# Sections other scripts wrote (dist_comm.sh, smollm2.sh, lora_smollm2.sh, steps.sh) are kept.
+cp BENCHMARKS.md "$OUT/BENCHMARKS.previous.md" 2>/dev/null || true
 "$PY" scripts/bench/report.py --out-dir "$OUT" --threads "$THREADS" --mmpost "$MMPOST" --pre "$PRE" \
-  --sft-repeats "$SFT_REPEATS" --repeats "$REPEATS" --seconds $(($(date +%s) - T_START)) >BENCHMARKS.md
+  --sft-repeats "$SFT_REPEATS" --repeats "$REPEATS" --seconds $(($(date +%s) - T_START)) \
+  --keep-from "$OUT/BENCHMARKS.previous.md" >BENCHMARKS.md
 log "wrote BENCHMARKS.md ($(($(date +%s) - T_START)) s)"

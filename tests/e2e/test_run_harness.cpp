@@ -432,3 +432,41 @@ TEST_CASE("dpo LoRA: the policy with adapters off is the same reference as a loa
   CHECK(moved);  // the adapters did train: the rewards are not all 0
   CHECK(read_all(shared / "adapter_model.safetensors") == read_all(copy / "adapter_model.safetensors"));
 }
+
+// train.logits_chunk_size in dpo: the completion tokens through the LM head a chunk at a time
+// give the whole-logits run's log-probs, logits metric, gradient norm and next-step loss.
+TEST_CASE("dpo chunked log-probs keep the whole-logits run's steps", "[e2e][dpo][efficiency]") {
+  TempDir dir("dpo_chunked");
+  auto start = tiny_model(dir.path);
+  auto prefs = write_prefs(dir.path, 16);
+  const std::string args = "dpo -r recipes/tiny/dpo-tiny.json --set model.path=" + start.string() +
+                           " --set data.train=" + prefs.string() +
+                           " --set data.eval= --set train.max_steps=2 --set train.batch_size=4"
+                           " --set train.log_every_n_steps=1";
+  auto rows_of = [&](const std::string& name, const std::string& chunk) {
+    auto r = run_cli(args + " --set train.logits_chunk_size=" + chunk + " --output " +
+                         (dir.path / name).string(),
+                     dir.path / ("log_" + name));
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    return train_rows(dir.path / name / "metrics.jsonl");
+  };
+  auto whole = rows_of("whole", "0");
+  REQUIRE(whole.size() == 2);
+  CHECK(whole[0]["loss"].get<double>() == Approx(std::log(2.0)).margin(1e-6));
+  for (const char* chunk : {"-1", "3"}) {
+    INFO("logits_chunk_size " << chunk);
+    auto rows = rows_of(std::string("chunk") + chunk, chunk);
+    REQUIRE(rows.size() == 2);
+    auto close = [](const nlohmann::json& a, const nlohmann::json& b, const char* k, double rel) {
+      INFO(k);
+      const double x = a[k].get<double>(), y = b[k].get<double>();
+      CHECK(std::abs(x - y) <= rel * std::abs(y));
+    };
+    for (const char* k : {"logps/chosen", "logps/rejected", "grad_norm"}) {
+      close(rows[0], whole[0], k, 1e-5);
+    }
+    close(rows[0], whole[0], "logits/chosen", 1e-4);
+    close(rows[1], whole[1], "loss", 1e-5);
+  }
+}

@@ -196,6 +196,34 @@ TEST_CASE("chunked LM-head log-probs equal whole-logits log_softmax, values and 
   CHECK(algo::logits_chunk_rows(64, 49152) == 64);
 }
 
+TEST_CASE("preference token stats from hidden states (chunked) equal token_stats on whole logits",
+          "[unit][efficiency]") {
+  torch::manual_seed(4);
+  auto hidden = torch::randn({3, 9, 16}).requires_grad_(true);
+  auto weight = torch::randn({50, 16}).requires_grad_(true);
+  auto labels = torch::randint(0, 50, {3, 9}, torch::kInt64);
+  labels.narrow(1, 0, 4).fill_(-100);   // prompts
+  labels[2].narrow(0, 7, 2).fill_(-100);  // padding
+  auto gout = torch::randn({3, 8});
+  auto ref = algo::token_stats(torch::nn::functional::linear(hidden, weight), labels);
+  auto g_ref = torch::autograd::grad({ref.logps}, {hidden, weight}, {gout});
+  for (int64_t chunk : {1, 5, 64}) {
+    INFO("chunk " << chunk);
+    auto st = algo::token_stats_from_hidden(hidden, weight, labels, chunk);
+    CHECK(torch::equal(st.mask, ref.mask));
+    CHECK(st.logps.sizes() == ref.logps.sizes());
+    CHECK(max_diff(st.logps, ref.logps) < 1e-5);
+    CHECK(st.logps.masked_select(~st.mask).abs().sum().item<double>() == 0);
+    CHECK(max_diff(st.logits_sum, ref.logits_sum) < 1e-3);  // sums of ~200 logits each
+    CHECK(!st.log_sum_sq.defined());
+    auto g = torch::autograd::grad({st.logps}, {hidden, weight}, {gout});
+    CHECK(max_diff(g[0], g_ref[0]) < 1e-5);
+    CHECK(max_diff(g[1], g_ref[1]) < 1e-5);
+    // The prompt positions' hidden states get no gradient (they never reach the head).
+    CHECK(g[0].narrow(1, 0, 3).abs().sum().item<double>() == 0);
+  }
+}
+
 TEST_CASE("sft loss from hidden states (supervised rows only, chunked) equals the whole-logits "
           "loss, with the same gradients through the model", "[unit][efficiency]") {
   for (bool tie : {false, true}) {

@@ -90,4 +90,32 @@ torch::Tensor sft_loss_sum_from_hidden(const torch::Tensor& hidden, const torch:
   return -logps.sum();
 }
 
+TokenStats token_stats_from_hidden(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                   const torch::Tensor& labels, int64_t chunk_rows) {
+  TORCH_CHECK(hidden.dim() == 3 && labels.dim() == 2 && hidden.size(0) == labels.size(0) &&
+                  hidden.size(1) == labels.size(1),
+              "token_stats_from_hidden: expected hidden [R, T, C] and labels [R, T]");
+  const int64_t R = hidden.size(0), t = hidden.size(1);
+  auto h = hidden.narrow(1, 0, t - 1).reshape({-1, hidden.size(2)});
+  auto lb = labels.narrow(1, 1, t - 1);
+  TokenStats s;
+  s.mask = lb.ne(kIgnoreIndex);
+  auto flat = lb.reshape({-1});
+  auto idx = s.mask.reshape({-1}).nonzero().squeeze(-1);
+  auto f32 = torch::TensorOptions().dtype(torch::kFloat32).device(hidden.device());
+  auto logps = torch::zeros({R * (t - 1)}, f32);
+  auto logits_sum = torch::zeros({R * (t - 1)}, f32);
+  if (idx.numel() > 0) {
+    auto hs = h.index_select(0, idx);
+    logps = logps.index_put({idx}, linear_token_logps(hs, weight, flat.index_select(0, idx),
+                                                      chunk_rows));
+    torch::NoGradGuard no_grad;
+    logits_sum.index_put_({idx}, torch::mv(hs.to(torch::kFloat32),
+                                           weight.to(torch::kFloat32).sum(/*dim=*/0)));
+  }
+  s.logps = logps.view({R, t - 1});
+  s.logits_sum = logits_sum.view({R, t - 1}).sum(/*dim=*/1);
+  return s;
+}
+
 }  // namespace mmpost::algo

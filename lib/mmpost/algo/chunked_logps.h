@@ -8,6 +8,8 @@
 
 #include <torch/torch.h>
 
+#include "mmpost/algo/logprobs.h"
+
 namespace mmpost::algo {
 
 /// log p(targets[i] | hidden[i]) = z_i[t_i] - logsumexp(z_i) with z_i = linear(hidden[i], weight)
@@ -30,5 +32,14 @@ int64_t logits_chunk_rows(int64_t setting, int64_t vocab_size,
 /// supervised).
 torch::Tensor sft_loss_sum_from_hidden(const torch::Tensor& hidden, const torch::Tensor& weight,
                                        const torch::Tensor& labels, int64_t chunk_rows);
+
+/// TokenStats (logprobs.h) from final hidden states [R, T, C] and labels [R, T] (unshifted,
+/// kIgnoreIndex = ignored) through the LM head `weight` [V, C] without bias, only the supervised
+/// positions, `chunk_rows` at a time: logps [R, T-1] (0 where ignored, gradients to hidden and
+/// weight), mask [R, T-1], logits_sum [R] (metric only, no gradient: sum_v z_v = h . sum_v W_v).
+/// Equals token_stats(linear(hidden, weight), labels) to float rounding. WPO's log_sum_sq is
+/// not computed (left undefined).
+TokenStats token_stats_from_hidden(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                   const torch::Tensor& labels, int64_t chunk_rows);
 
 }  // namespace mmpost::algo

@@ -2,6 +2,8 @@
 // (see preference.h).
 #include "mmpost/train/preference.h"
 
+#include "mmpost/algo/chunked_logps.h"
+
 #include "mmpost/core/check.h"
 #include "mmpost/io/jsonl.h"
 #include "mmpost/core/log.h"
@@ -71,7 +73,8 @@ algo::TokenStats padding_free_stats(model::Vlm& model, const torch::Tensor& ids,
 }  // namespace
 
 PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBatch& b,
-                                     bool with_log_sum_sq, bool with_corrupted, bool padding_free) {
+                                     bool with_log_sum_sq, bool with_corrupted, bool padding_free,
+                                     int64_t chunk_rows) {
   const int64_t B = b.batch_size;
   auto ids = b.input_ids, mask = b.attention_mask, labels = b.labels;  // [2B, T]
   if (with_corrupted) {
@@ -112,8 +115,14 @@ PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBa
     if (with_corrupted && features.defined()) {
       row_features = torch::cat({row_features, model->image_features(b.corrupted_pixel_values)});
     }
-    auto logits = model->forward_features(ids, row_features, mask);  // [2B or 3B, T, V] float32
-    stats = algo::token_stats(logits, labels, with_log_sum_sq);
+    if (chunk_rows > 0 && !with_log_sum_sq) {
+      auto hidden = model->forward_hidden_features(ids, row_features, mask);  // [2B or 3B, T, C]
+      stats = algo::token_stats_from_hidden(hidden, model->language_model->output_weight(), labels,
+                                            chunk_rows);
+    } else {
+      auto logits = model->forward_features(ids, row_features, mask);  // [2B or 3B, T, V] float32
+      stats = algo::token_stats(logits, labels, with_log_sum_sq);
+    }
   }
   PreferenceForward out;
   out.logps = algo::preference_logps(stats, B);

@@ -33,9 +33,12 @@ struct PreferenceForward {
 /// images through the vision tower, so its values do not depend on the rest of the batch or on
 /// padding (bit-identical across batchings; what makes precomputed reference log-probs equal the
 /// live ones); slower, as rows are not batched.
+/// chunk_rows > 0 (the batched forward without WPO): only the completion tokens go through
+/// the LM head, chunk_rows at a time (algo::token_stats_from_hidden), so the [2B, T, V] float32
+/// logits never exist whole; 0: whole logits.
 PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBatch& b,
                                      bool with_log_sum_sq, bool with_corrupted,
-                                     bool padding_free = false);
+                                     bool padding_free = false, int64_t chunk_rows = 0);
 
 /// Summary of a policy vs its reference on preference pairs (TRL's eval metrics).
 struct PreferenceEvalResult {
