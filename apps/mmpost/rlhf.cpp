@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <map>
 
+#include "mmpost/algo/chunked_logps.h"
 #include "mmpost/algo/kl.h"
 #include "mmpost/algo/logprobs.h"
 #include "mmpost/algo/policy_gradient.h"
@@ -294,6 +295,14 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   auto& state = run.state;
   train::MetricWindow window;
   auto t_last = std::chrono::steady_clock::now();
+  // train.logits_chunk_size: completion tokens through the LM head a chunk at a time (0: whole
+  // logits; the exact-KL estimator keeps whole logits, it needs every vocabulary entry).
+  const int64_t chunk_rows =
+      cfg.train.logits_chunk_size == 0
+          ? 0
+          : algo::logits_chunk_rows(cfg.train.logits_chunk_size,
+                                    model->config().text_config.vocab_size);
+  const bool keep_logits = (kl_loss && full_kl) || chunk_rows == 0;  // whole: entropy from them
   while (state.step < total_steps) {
     // -- rollout: prompts -> G completions each, with log-probs (no grad) --
     auto t0 = std::chrono::steady_clock::now();
@@ -367,7 +376,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
                                   : (scores.values[pass_index] >= rl.pass_threshold).to(torch::kFloat32);
     if (reference) {
       model::AdaptersDisabled adapters_off(reference.adapters_off);
-      r.ref_logps = train::completion_forward(reference.model, r, 0, r.P).logps * r.mask;
+      r.ref_logps = train::completion_forward(reference.model, r, 0, r.P, false, chunk_rows).logps * r.mask;
       auto kl = algo::per_token_kl(r.old_logps, r.ref_logps,
                                    full_kl ? algo::KlEstimator::kK3 : kl_est);
       const double kl_mean = ((kl * r.mask).sum() / r.mask.sum().clamp_min(1)).item<double>();
@@ -412,7 +421,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
         r.advantages = algo::reinforce_pp_advantages(token_rewards(), r.mask, rl.gamma, batch_sum).first;
         break;
       case algo::RlAlgorithm::kPpo: {
-        auto fwd = train::completion_forward(model, r, 0, r.P);
+        auto fwd = train::completion_forward(model, r, 0, r.P, false, chunk_rows);
         r.old_values = value_head(fwd.hidden).squeeze(-1).to(torch::kFloat32) * r.mask;
         auto [adv, returns] = algo::gae(token_rewards(), r.old_values, r.mask, rl.gamma, rl.lam);
         r.advantages = rl.whiten_advantages ? algo::masked_whiten(adv, r.mask, true, batch_sum) * r.mask : adv;
@@ -488,7 +497,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
                   ? 1.0
                   : pcfg.loss_type == algo::PolicyLossType::kBnpo ? token_share : seq_share;
           torch::AutoGradMode grad_on(true);
-          auto fwd = train::completion_forward(model, r, p0, p1, /*keep_logits=*/true);
+          auto fwd = train::completion_forward(model, r, p0, p1, keep_logits, chunk_rows);
           auto mask = r.mask.narrow(0, rows0, rows);
           auto old = rl.num_iterations == 1 ? fwd.logps.detach()
                                             : r.old_logps.narrow(0, rows0, rows);
@@ -529,7 +538,11 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
           if (po.kl.defined()) window.add("kl_loss_term", po.kl.item<double>());
           auto diff = (fwd.logps.detach() - r.old_logps.narrow(0, rows0, rows)) * mask;
           window.add("approx_kl", (0.5 * diff.pow(2).sum() / mask.sum().clamp_min(1)).item<double>());
-          window.add("entropy", train::mean_entropy(fwd.logits, mask));
+          window.add("entropy", fwd.logits.defined()
+                                    ? train::mean_entropy(fwd.logits, mask)
+                                    : algo::mean_entropy_from_hidden(
+                                          fwd.hidden, model->language_model->output_weight(), mask,
+                                          chunk_rows));
           update_tokens += mask.sum().item<double>();
         }
         window.add("grad_norm/vision_tower", grad_norm_of_module(*model->vision_tower));

@@ -470,3 +470,36 @@ TEST_CASE("dpo chunked log-probs keep the whole-logits run's steps", "[e2e][dpo]
     close(rows[1], whole[1], "loss", 1e-5);
   }
 }
+
+// train.logits_chunk_size in rlhf (GRPO with a KL term): the same rollouts (generation does not
+// depend on it), so step 1's loss, gradient norm, KL and entropy equal the whole-logits run's.
+TEST_CASE("rlhf chunked log-probs keep the whole-logits run's step", "[e2e][rlhf][efficiency]") {
+  TempDir dir("rlhf_chunked");
+  auto start = tiny_model(dir.path);
+  auto prompts = write_prompts(dir.path, 8);
+  const std::string args = "rlhf -r recipes/tiny/grpo-tiny.json --set model.path=" +
+                           start.string() + " --set data.train=" + prompts.string() +
+                           " --set data.eval= --set train.max_steps=2 --set train.batch_size=2"
+                           " --set rlhf.beta=0.04 --set train.log_every_n_steps=1";
+  auto rows_of = [&](const std::string& name, const std::string& chunk) {
+    auto r = run_cli(args + " --set train.logits_chunk_size=" + chunk + " --output " +
+                         (dir.path / name).string(),
+                     dir.path / ("log_" + name));
+    INFO(r.err);
+    REQUIRE(r.code == 0);
+    return train_rows(dir.path / name / "metrics.jsonl");
+  };
+  auto whole = rows_of("whole", "0");
+  REQUIRE(whole.size() == 2);
+  for (const char* chunk : {"-1", "3"}) {
+    INFO("logits_chunk_size " << chunk);
+    auto rows = rows_of(std::string("chunk") + chunk, chunk);
+    REQUIRE(rows.size() == 2);
+    for (const char* k : {"loss", "grad_norm", "entropy", "kl", "reward"}) {
+      INFO(k);
+      REQUIRE(whole[0].contains(k));
+      const double x = rows[0][k].get<double>(), y = whole[0][k].get<double>();
+      CHECK(std::abs(x - y) <= 1e-5 * std::abs(y) + 1e-7);
+    }
+  }
+}

@@ -15,6 +15,7 @@
 #include "mmpost/core/device.h"
 #include "mmpost/model/lora.h"
 #include "mmpost/model/vlm.h"
+#include "mmpost/train/rollout.h"
 
 using namespace mmpost;
 
@@ -222,6 +223,28 @@ TEST_CASE("preference token stats from hidden states (chunked) equal token_stats
     // The prompt positions' hidden states get no gradient (they never reach the head).
     CHECK(g[0].narrow(1, 0, 3).abs().sum().item<double>() == 0);
   }
+}
+
+TEST_CASE("mean entropy from hidden states (chunked) equals the whole-logits mean entropy",
+          "[unit][efficiency]") {
+  torch::manual_seed(6);
+  auto hidden = torch::randn({3, 7, 16});
+  auto weight = torch::randn({50, 16}) * 0.3;
+  auto mask = torch::ones({3, 7});
+  mask[1].narrow(0, 4, 3).fill_(0);
+  mask[2].narrow(0, 1, 6).fill_(0);
+  const double whole =
+      train::mean_entropy(torch::nn::functional::linear(hidden, weight), mask);
+  CHECK(whole > 0.5);
+  CHECK(whole < std::log(50.0));
+  for (int64_t chunk : {1, 4, 100}) {
+    INFO("chunk " << chunk);
+    CHECK(algo::mean_entropy_from_hidden(hidden, weight, mask, chunk) == Approx(whole).epsilon(1e-6));
+  }
+  // A zero head: the uniform distribution, entropy ln V exactly by hand.
+  CHECK(algo::mean_entropy_from_hidden(hidden, torch::zeros({50, 16}), mask, 3) ==
+        Approx(std::log(50.0)).epsilon(1e-6));
+  CHECK(algo::mean_entropy_from_hidden(hidden, weight, torch::zeros({3, 7}), 3) == 0.0);
 }
 
 TEST_CASE("sft loss from hidden states (supervised rows only, chunked) equals the whole-logits "

@@ -118,4 +118,24 @@ TokenStats token_stats_from_hidden(const torch::Tensor& hidden, const torch::Ten
   return s;
 }
 
+double mean_entropy_from_hidden(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                const torch::Tensor& mask, int64_t chunk_rows) {
+  TORCH_CHECK(hidden.dim() == 3 && mask.dim() == 2 && hidden.size(0) == mask.size(0) &&
+                  hidden.size(1) == mask.size(1) && chunk_rows >= 1,
+              "mean_entropy_from_hidden: expected hidden [R, T, C], mask [R, T], chunk_rows >= 1");
+  torch::NoGradGuard no_grad;
+  auto idx = mask.reshape({-1}).ne(0).nonzero().squeeze(-1);
+  const int64_t n = idx.numel();
+  if (n == 0) return 0.0;
+  auto h = hidden.reshape({-1, hidden.size(2)}).index_select(0, idx);
+  double total = 0;
+  for (int64_t i = 0; i < n; i += chunk_rows) {
+    auto z = torch::nn::functional::linear(h.narrow(0, i, std::min(chunk_rows, n - i)), weight)
+                 .to(torch::kFloat32);  // [c, V]
+    auto lp = torch::log_softmax(z, -1);
+    total += (-(lp.exp() * lp).sum()).item<double>();
+  }
+  return total / static_cast<double>(n);
+}
+
 }  // namespace mmpost::algo

@@ -42,4 +42,11 @@ torch::Tensor sft_loss_sum_from_hidden(const torch::Tensor& hidden, const torch:
 TokenStats token_stats_from_hidden(const torch::Tensor& hidden, const torch::Tensor& weight,
                                    const torch::Tensor& labels, int64_t chunk_rows);
 
+/// Mean entropy -sum_v p_v log p_v of softmax(linear(hidden, weight)) over the positions where
+/// mask [R, T] is set; hidden [R, T, C], weight [V, C]; chunk_rows positions at a time, so at
+/// most [chunk_rows, V] float32 logits exist. No gradient. Returns 0 for an empty mask. Equals
+/// mean_entropy (train/rollout.h) on whole logits to float rounding.
+double mean_entropy_from_hidden(const torch::Tensor& hidden, const torch::Tensor& weight,
+                                const torch::Tensor& mask, int64_t chunk_rows);
+
 }  // namespace mmpost::algo

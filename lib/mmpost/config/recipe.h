@@ -143,8 +143,8 @@ struct TrainSection {
     v("eval_max_samples", eval_max_samples, "cap on eval samples (0: all)");
     v("keep_last_n_checkpoints", keep_last_n_checkpoints, "step folders kept");
     v("logits_chunk_size", logits_chunk_size,
-      "sft loss and dpo log-probs: only supervised tokens go through the LM head, this many at "
-      "a time, so the "
+      "sft loss, dpo and rlhf log-probs: only supervised tokens go through the LM head, this "
+      "many at a time, so the "
       "[B, T, V] float32 logits never exist whole (-1: auto, a chunk's logits within 128 MiB; "
       "0: off, whole logits as transformers; N: N tokens per chunk)");
   }

@@ -1,6 +1,7 @@
 // Rollouts for online RL (see rollout.h).
 #include "mmpost/train/rollout.h"
 
+#include "mmpost/algo/chunked_logps.h"
 #include "mmpost/algo/logprobs.h"
 #include "mmpost/data/collate.h"
 
@@ -94,7 +95,7 @@ Rollout select_prompts(const Rollout& r, const std::vector<int64_t>& keep) {
 }
 
 TokenForward completion_forward(model::Vlm& m, const Rollout& r, int64_t p0, int64_t p1,
-                                bool keep_logits) {
+                                bool keep_logits, int64_t chunk_rows) {
   const int64_t G = r.G, rows0 = p0 * G, rows = (p1 - p0) * G;
   Tensor features;
   int64_t img0 = 0, n_img = 0;
@@ -113,6 +114,14 @@ TokenForward completion_forward(model::Vlm& m, const Rollout& r, int64_t p0, int
   const int64_t Tp = r.prompt_ids.size(1), Tc = comp.size(1);
   TokenForward out;
   out.hidden = h.narrow(1, Tp - 1, Tc);  // position Tp-1+t predicts completion token t
+  if (chunk_rows > 0 && !keep_logits) {
+    auto idx = cmask.reshape({-1}).ne(0).nonzero().squeeze(-1);
+    auto hs = out.hidden.reshape({-1, out.hidden.size(2)}).index_select(0, idx);
+    auto picked = algo::linear_token_logps(hs, m->language_model->output_weight(),
+                                           comp.reshape({-1}).index_select(0, idx), chunk_rows);
+    out.logps = torch::zeros({rows * Tc}, picked.options()).index_put({idx}, picked).view({rows, Tc});
+    return out;
+  }
   auto logits = m->logits(out.hidden);   // [rows, Tc, V] float32
   auto labels = comp.masked_fill(cmask.eq(0), algo::kIgnoreIndex);
   out.logps = algo::selective_log_softmax(logits, labels);

@@ -51,8 +51,10 @@ struct TokenForward {
 
 /// Teacher-forced forward of the completions of prompts [p0, p1) of `r` under `m`: one vision
 /// pass per prompt image, features repeated for the G rows; position Tp-1+t predicts token t.
+/// chunk_rows > 0 without keep_logits: only the completion tokens go through the LM head,
+/// chunk_rows at a time (algo::linear_token_logps), so [rows, Tc, V] logits never exist whole.
 TokenForward completion_forward(model::Vlm& m, const Rollout& r, int64_t p0, int64_t p1,
-                                bool keep_logits = false);
+                                bool keep_logits = false, int64_t chunk_rows = 0);
 
 /// Mean entropy -sum_v p log p over the completion tokens (mask [rows, Tc]) of logits
 /// [rows, Tc, V], row by row to bound memory; no grad.
