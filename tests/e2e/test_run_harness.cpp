@@ -433,6 +433,17 @@ TEST_CASE("dpo LoRA: the policy with adapters off is the same reference as a loa
   CHECK(read_all(shared / "adapter_model.safetensors") == read_all(copy / "adapter_model.safetensors"));
 }
 
+/// Runs `args` with train.logits_chunk_size=CHUNK into DIR/NAME; its training rows.
+std::vector<nlohmann::json> rows_with_chunk_size(const std::string& args, const TempDir& dir,
+                                                 const std::string& name, const std::string& chunk) {
+  auto r = run_cli(args + " --set train.logits_chunk_size=" + chunk + " --output " +
+                       (dir.path / name).string(),
+                   dir.path / ("log_" + name));
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  return train_rows(dir.path / name / "metrics.jsonl");
+}
+
 // train.logits_chunk_size in dpo: the completion tokens through the LM head a chunk at a time
 // give the whole-logits run's log-probs, logits metric, gradient norm and next-step loss.
 TEST_CASE("dpo chunked log-probs keep the whole-logits run's steps", "[e2e][dpo][efficiency]") {
@@ -444,12 +455,7 @@ TEST_CASE("dpo chunked log-probs keep the whole-logits run's steps", "[e2e][dpo]
                            " --set data.eval= --set train.max_steps=2 --set train.batch_size=4"
                            " --set train.log_every_n_steps=1";
   auto rows_of = [&](const std::string& name, const std::string& chunk) {
-    auto r = run_cli(args + " --set train.logits_chunk_size=" + chunk + " --output " +
-                         (dir.path / name).string(),
-                     dir.path / ("log_" + name));
-    INFO(r.err);
-    REQUIRE(r.code == 0);
-    return train_rows(dir.path / name / "metrics.jsonl");
+    return rows_with_chunk_size(args, dir, name, chunk);
   };
   auto whole = rows_of("whole", "0");
   REQUIRE(whole.size() == 2);
@@ -482,12 +488,7 @@ TEST_CASE("rlhf chunked log-probs keep the whole-logits run's step", "[e2e][rlhf
                            " --set data.eval= --set train.max_steps=2 --set train.batch_size=2"
                            " --set rlhf.beta=0.04 --set train.log_every_n_steps=1";
   auto rows_of = [&](const std::string& name, const std::string& chunk) {
-    auto r = run_cli(args + " --set train.logits_chunk_size=" + chunk + " --output " +
-                         (dir.path / name).string(),
-                     dir.path / ("log_" + name));
-    INFO(r.err);
-    REQUIRE(r.code == 0);
-    return train_rows(dir.path / name / "metrics.jsonl");
+    return rows_with_chunk_size(args, dir, name, chunk);
   };
   auto whole = rows_of("whole", "0");
   REQUIRE(whole.size() == 2);
