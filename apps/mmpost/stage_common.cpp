@@ -3,6 +3,7 @@
 
 #include "mmpost/io/safetensors.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -124,6 +125,24 @@ void check_memory_fits(const model::VlmConfig& c, const config::ModelSection& m,
   }
 }
 
+namespace {
+/// The model section as check_memory_fits should see it: under LoRA only modules_to_save hold
+/// gradients and AdamW moments (the adapters are ~1 % and left out), so the rest counts as frozen.
+config::ModelSection memory_view(const config::ModelSection& m, const config::LoraSection& lora) {
+  if (lora.r <= 0) return m;
+  config::ModelSection v = m;
+  v.freeze.clear();
+  auto saved = [&](const std::string& part) {
+    return std::find(lora.modules_to_save.begin(), lora.modules_to_save.end(), part) !=
+           lora.modules_to_save.end();
+  };
+  if (!saved("vision_tower")) v.freeze.push_back("vision_tower");
+  if (!saved("multi_modal_projector")) v.freeze.push_back("projector");
+  if (!saved("language_model")) v.freeze.push_back("language_model");
+  return v;
+}
+}  // namespace
+
 StageModel load_stage_model(const config::ModelSection& m, const config::ImageSection& img,
                             const std::optional<fs::path>& ckpt, const torch::Device& device,
                             torch::Dtype dtype, const std::string& stage,
@@ -137,7 +156,7 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   if (ckpt || !m.path.empty()) {
     sm.source = ckpt ? *ckpt : fs::path(m.path);
     log_info(stage + ": loading model from " + sm.source.string());
-    check_memory_fits(hub::read_model_config(sm.source), m, device, dtype,
+    check_memory_fits(hub::read_model_config(sm.source), memory_view(m, lora), device, dtype,
                       (sm.source / "config.json").string(), available_host_memory_bytes());
     // Resuming a LoRA run: the checkpoint's adapter goes into the new adapters below, unmerged.
     auto p = hub::load_pretrained(sm.source, /*merge_adapter=*/!(ckpt && lora.r > 0));
@@ -162,7 +181,8 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
     }
   } else {
     const auto c = model::vlm_config_from_json(m.config, "model.config");
-    check_memory_fits(c, m, device, dtype, "model.config", available_host_memory_bytes());
+    check_memory_fits(c, memory_view(m, lora), device, dtype, "model.config",
+                      available_host_memory_bytes());
     sm.model = model::build_vlm(c);  // seeded by the caller
   }
   const auto& mcfg = sm.model->config();

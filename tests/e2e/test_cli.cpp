@@ -221,6 +221,20 @@ TEST_CASE("a model.config too large for the memory is refused before allocating"
   CHECK(capped.code == 2);
   CHECK(capped.err.find("over model.max_memory_gb = 0.0001") != std::string::npos);
   CHECK_FALSE(fs::exists(dir / "y" / "metrics.jsonl"));
+  // Under LoRA only modules_to_save carry gradients and AdamW moments: the tiny model's ~0.2 MB
+  // of weights fit a 0.5 MB cap that full fine-tuning (weights + 3x for its state) exceeds.
+  const std::string half_mb = "sft -r recipes/tiny/sft-tiny.json --set model.max_memory_gb=0.0005 "
+                              "train.max_steps=1 data.eval='\"\"' ";
+  auto full = run_mmpost(half_mb + "--output " + (dir / "full").string(), dir);
+  CHECK(full.code == 2);
+  CHECK(full.err.find("over model.max_memory_gb = 0.0005") != std::string::npos);
+  auto lora = run_mmpost(half_mb + "lora.r=2 --output " + (dir / "lora").string(), dir);
+  INFO(lora.err);
+  CHECK(lora.code == 0);
+  auto lora_all = run_mmpost(half_mb + "lora.r=2 'lora.modules_to_save=[\"language_model\"]' "
+                             "--output " + (dir / "lora_all").string(), dir);
+  CHECK(lora_all.code == 2);  // the whole language model trained again: over the cap
+  CHECK(lora_all.err.find("over model.max_memory_gb = 0.0005") != std::string::npos);
   fs::remove_all(dir);
 }
 
