@@ -144,8 +144,10 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
                                       cfg.data.max_length};
   const data::ImageCorruption corruption{cfg.dpo.mdpo.corruption,
                                          cfg.dpo.mdpo.corruption_strength};
+  auto loader_opts = train_loader_options(cfg, run.world());
+  if (mdpo) loader_opts.cache_bytes = 0;  // corrupted images are drawn anew each epoch
   data::StreamingLoader<data::PreferenceSample> loader(
-      train_loader_options(cfg, run.world()), [&](const nlohmann::json& rec, int64_t line, uint64_t seed) {
+      loader_opts, [&](const nlohmann::json& rec, int64_t line, uint64_t seed) {
         return data::make_preference_sample(rec, line, train_ctx, limits,
                                             mdpo ? &corruption : nullptr, seed);
       });

@@ -54,6 +54,10 @@ data::LoaderOptions train_loader_options(const config::CommonConfig& cfg,
   lo.seed = static_cast<uint64_t>(cfg.seed);
   lo.skip_bad = cfg.data.on_bad_sample == "skip";
   lo.repeat = true;
+  // Samples repeat exactly across epochs unless augmented (the stage turns it off for mDPO).
+  if (cfg.data.image.random_shift == 0) {
+    lo.cache_bytes = static_cast<int64_t>(cfg.data.cache_gb * 1e9);
+  }
   return lo;
 }
 
@@ -141,6 +145,32 @@ config::ModelSection memory_view(const config::ModelSection& m, const config::Lo
   if (!saved("language_model")) v.freeze.push_back("language_model");
   return v;
 }
+/// A run resumes with the LoRA settings it was trained with (an adapter on or off, r, alpha,
+/// rsLoRA, dropout and targets change what the saved state means). Throws Error(kUsage) naming
+/// the setting and both values.
+void check_lora_resume(const fs::path& ckpt, const config::LoraSection& lora) {
+  const bool had = hub::has_lora_adapter(ckpt);
+  const std::string hint =
+      "\n  hint: resume with the run's own settings (recipe.json in the output folder), or "
+      "start over with --no-resume";
+  MMPOST_CHECK_USAGE(had == (lora.r > 0), ckpt.string(), ": this run was trained ",
+                     had ? "with LoRA (adapter_config.json)" : "without LoRA", ", but lora.r is ",
+                     lora.r, hint);
+  if (!had) return;
+  const auto saved = hub::read_lora_settings(ckpt);
+  auto same = [&](const std::string& key, const std::string& was, const std::string& now) {
+    MMPOST_CHECK_USAGE(was == now, "lora.", key, ": ", now, ", but ", ckpt.string(),
+                       " was trained with ", was, hint);
+  };
+  same("r", std::to_string(saved.r), std::to_string(lora.r));
+  same("alpha", fmt(saved.lora_alpha), fmt(lora.alpha));
+  same("use_rslora", saved.use_rslora ? "true" : "false", lora.use_rslora ? "true" : "false");
+  same("dropout", fmt(saved.lora_dropout), fmt(lora.dropout));
+  const nlohmann::json saved_targets =
+      saved.target_regex.empty() ? nlohmann::json(saved.target_modules) : nlohmann::json(saved.target_regex);
+  same("target_modules", saved_targets.dump(), lora.target_modules.dump());
+}
+
 }  // namespace
 
 StageModel load_stage_model(const config::ModelSection& m, const config::ImageSection& img,
@@ -158,6 +188,7 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
     log_info(stage + ": loading model from " + sm.source.string());
     check_memory_fits(hub::read_model_config(sm.source), memory_view(m, lora), device, dtype,
                       (sm.source / "config.json").string(), available_host_memory_bytes());
+    if (ckpt) check_lora_resume(*ckpt, lora);
     // Resuming a LoRA run: the checkpoint's adapter goes into the new adapters below, unmerged.
     auto p = hub::load_pretrained(sm.source, /*merge_adapter=*/!(ckpt && lora.r > 0));
     sm.model = p.model;
@@ -226,6 +257,19 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
       s.target_modules = lora.target_modules.get<std::vector<std::string>>();
     }
     sm.lora = std::make_unique<model::LoraAdapters>(*sm.model, s);
+    // PEFT wraps a modules_to_save part whole and ignores adapters inside it: refuse the mix.
+    for (const auto& part : lora.modules_to_save) {
+      const std::string prefix = part == "language_model" ? "model.language_model."
+                                 : part == "vision_tower" ? "model.vision_tower."
+                                                          : "model.multi_modal_projector.";
+      for (const auto& name : sm.lora->target_names()) {
+        MMPOST_CHECK_USAGE(name.rfind(prefix, 0) != 0, "lora.modules_to_save: ", part,
+                           " is trained whole, but lora.target_modules also puts an adapter in it (",
+                           name, "); PEFT would load that adapter's part wrong",
+                           "\n  hint: target only the other parts with a regex, e.g. "
+                           "\".*language_model.*\\\\.(q_proj|k_proj|v_proj|o_proj)\"");
+      }
+    }
     if (ckpt && hub::has_lora_adapter(*ckpt)) {
       const auto file = *ckpt / "adapter_model.safetensors";
       sm.lora->load(io::load_safetensors(file), file.string());
@@ -237,8 +281,13 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
              " adapter parameters + " + std::to_string(count_params(sm.model, true)) +
              " in modules_to_save trainable; the base model is frozen");
   }
+  int64_t n_trainable = count_params(sm.model, true);
+  if (sm.lora) {
+    for (const auto& [k, t] : sm.lora->named_parameters()) n_trainable += t.numel();
+  }
   log_info(stage + ": model " + std::to_string(count_params(sm.model, false)) + " parameters, " +
-           std::to_string(count_params(sm.model, true)) + " trainable; " +
+           std::to_string(n_trainable) + " trainable" + (sm.lora ? " (LoRA adapters included)" : "") +
+           "; " +
            describe_device(device) + ", " + dtype_name(dtype));
   return sm;
 }

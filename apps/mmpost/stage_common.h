@@ -86,7 +86,8 @@ data::SampleContext make_sample_context(const StageModel& sm, const config::Data
 /// Loader options for the training stream of a recipe: data.train, train.batch_size (per rank),
 /// the data section's workers, shuffle buffer and prefetch, the seed, on_bad_sample, endless
 /// repetition, and this process's rank and world size (each rank gets its share of every window
-/// of batch_size * world_size records).
+/// of batch_size * world_size records); the sample cache (data.cache_gb) unless
+/// data.image.random_shift augments.
 data::LoaderOptions train_loader_options(const config::CommonConfig& cfg,
                                          const dist::WorldInfo& world);
 

@@ -31,9 +31,8 @@ for r in $(seq 1 "$REPEATS"); do
 import json, re, sys
 mode, err, metrics = sys.argv[1:]
 log = open(err).read()
-m = re.search(r"model (\d+) parameters, (\d+) trainable", log)
-lora = re.search(r"(\d+) adapter parameters", log)
-trainable = int(m.group(2)) + (int(lora.group(1)) if lora else 0)
+m = re.search(r"model (\d+) parameters, (\d+) trainable", log)  # adapters included
+trainable = int(m.group(2))
 rss_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", log).group(1))
 steps = [json.loads(l) for l in open(metrics) if '"loss"' in l]
 tok_s = sum(s["tokens_per_s"] for s in steps[1:]) / len(steps[1:])

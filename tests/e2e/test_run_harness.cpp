@@ -504,3 +504,61 @@ TEST_CASE("rlhf chunked log-probs keep the whole-logits run's step", "[e2e][rlhf
     }
   }
 }
+
+// LoRA folders and resumes that must not silently do the wrong thing.
+TEST_CASE("LoRA: stale adapters removed, resume settings checked, bf16 base, PEFT-loadable "
+          "modules_to_save, half an adapter refused", "[e2e][run][lora]") {
+  TempDir dir("lora_guard");
+  const std::string sft = "sft -r recipes/tiny/sft-tiny.json --set data.eval= "
+                          "--set train.log_every_n_steps=1 --set train.save_every_n_steps=1 ";
+  auto out = dir.path / "run";
+  auto r = run_cli(sft + "--set train.max_steps=2 --set lora.r=4 --output " + out.string(),
+                   dir.path / "l1");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  REQUIRE(fs::exists(out / "adapter_model.safetensors"));
+  // Resuming with other LoRA settings is refused before training, naming the setting.
+  r = run_cli(sft + "--set train.max_steps=3 --set lora.r=4 --set lora.alpha=32 --output " +
+                  out.string(), dir.path / "l2");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, HasSubstr("lora.alpha: 32") && HasSubstr("was trained with 16"));
+  r = run_cli(sft + "--set train.max_steps=3 --output " + out.string(), dir.path / "l3");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, HasSubstr("this run was trained with LoRA") && HasSubstr("lora.r is 0"));
+  // The same folder rewritten without LoRA loses the old adapter files (else merged on load).
+  r = run_cli(sft + "--set train.max_steps=2 --no-resume --output " + out.string(), dir.path / "l4");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_FALSE(fs::exists(out / "adapter_model.safetensors"));
+  CHECK_FALSE(fs::exists(out / "adapter_config.json"));
+  // ... and resuming that full fine-tune with LoRA is refused.
+  r = run_cli(sft + "--set train.max_steps=3 --set lora.r=4 --output " + out.string(), dir.path / "l5");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, HasSubstr("this run was trained without LoRA"));
+  // A bfloat16 base: the float32 adapters' output is cast to it.
+  r = run_cli(sft + "--set train.max_steps=1 --set lora.r=4 --set dtype=bfloat16 --output " +
+                  (dir.path / "bf16").string(), dir.path / "l6");
+  INFO(r.err);
+  CHECK(r.code == 0);
+  // A part saved whole may not also hold adapters (PEFT would ignore them).
+  r = run_cli(sft + "--set train.max_steps=1 --set lora.r=4 "
+                    "--set 'lora.modules_to_save=[\"vision_tower\"]' --output " +
+                  (dir.path / "mts").string(), dir.path / "l7");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, HasSubstr("lora.modules_to_save: vision_tower is trained whole"));
+  r = run_cli(sft + "--set train.max_steps=1 --set lora.r=4 "
+                    "--set 'lora.target_modules=\".*language_model.*\\\\.(q_proj|v_proj)\"' "
+                    "--set 'lora.modules_to_save=[\"vision_tower\"]' --output " +
+                  (dir.path / "mts_ok").string(), dir.path / "l8");
+  INFO(r.err);
+  CHECK(r.code == 0);
+  // Half an adapter: named, not silently ignored.
+  auto half = dir.path / "half";
+  r = run_cli(sft + "--set train.max_steps=1 --set lora.r=4 --output " + half.string(), dir.path / "l9");
+  REQUIRE(r.code == 0);
+  fs::remove(half / "adapter_model.safetensors");
+  r = run_cli("eval --model " + half.string() + " --data data/digits-vqa/val.jsonl --max-samples 2",
+              dir.path / "l10");
+  CHECK(r.code == 3);
+  CHECK_THAT(r.err, HasSubstr("adapter_model.safetensors: missing"));
+}

@@ -6,6 +6,8 @@
 #include <opencv2/imgproc.hpp>
 #include <set>
 
+#include <atomic>
+
 #include "catch.h"
 #include "mmpost/core/check.h"
 #include "mmpost/data/chat_template.h"
@@ -325,6 +327,35 @@ TEST_CASE("streaming loader: order, shuffling, skips, resume", "[unit][data]") {
     auto tail = drain(second, 5);
     head.insert(head.end(), tail.begin(), tail.end());
     CHECK(head == all);
+  }
+  SECTION("sample cache: later epochs reuse the first epoch's samples, same stream") {
+    lo.shuffle_buffer = 8;
+    lo.seed = 3;
+    lo.repeat = true;
+    lo.num_workers = 3;
+    StreamingLoader<SftSample> plain(lo, make);
+    auto expect = drain(plain, 15);  // three epochs of 19 good records in windows of 4
+    lo.cache_bytes = int64_t{1} << 30;
+    std::atomic<int64_t> calls{0};
+    auto counting = [&](const nlohmann::json& r, int64_t line) {
+      ++calls;
+      return make_sft_sample(r, line, ctx);
+    };
+    StreamingLoader<SftSample> cached(lo, counting);
+    CHECK(drain(cached, 15) == expect);
+    // Epoch 1 makes the 19 good samples (the malformed line never reaches make); later epochs
+    // hit the cache for all of them, and the bad line is counted as skipped each epoch as before.
+    CHECK(calls.load() == 19);
+    CHECK(cached.n_made() == 19);
+    CHECK(cached.n_cache_hits() > 19);
+    CHECK(cached.n_skipped() == plain.n_skipped());
+    // A budget of about 5 samples keeps the first 5 made; the rest are made every epoch.
+    lo.cache_bytes = 5 * approx_sample_bytes(SftSample{}) + 1;  // text-only samples: all equal
+    calls = 0;
+    StreamingLoader<SftSample> small(lo, counting);
+    CHECK(drain(small, 15) == expect);
+    CHECK(small.n_cache_hits() > 0);
+    CHECK(calls.load() > 19);
   }
   SECTION("rank sharding splits records disjointly") {
     lo.world_size = 2;

@@ -64,6 +64,7 @@ void CommonConfig::validate_common() const {
   MMPOST_CHECK_USAGE(data.max_length > 0, "data.max_length: must be > 0");
   MMPOST_CHECK_USAGE(data.num_workers >= 1, "data.num_workers: must be >= 1");
   MMPOST_CHECK_USAGE(data.prefetch >= 1, "data.prefetch: must be >= 1");
+  MMPOST_CHECK_USAGE(data.cache_gb >= 0, "data.cache_gb: must be >= 0 (0: off)");
   MMPOST_CHECK_USAGE(optim.lr > 0, "optim.lr: must be > 0");
   MMPOST_CHECK_USAGE(optim.betas.size() == 2 && optim.betas[0] >= 0 && optim.betas[0] < 1 &&
                          optim.betas[1] >= 0 && optim.betas[1] < 1,

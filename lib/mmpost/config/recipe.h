@@ -68,6 +68,7 @@ struct DataSection {
   int64_t num_workers = 2;                // preprocessing threads
   int64_t shuffle_buffer = 1024;          // samples; 0 or 1 disables shuffling
   int64_t prefetch = 8;                   // batches queued ahead
+  double cache_gb = 2.0;                  // preprocessed training samples kept across epochs
   ImageSection image;
   template <class V>
   void visit(V& v) {
@@ -81,6 +82,9 @@ struct DataSection {
     v("num_workers", num_workers, "preprocessing threads");
     v("shuffle_buffer", shuffle_buffer, "streaming shuffle buffer size (samples)");
     v("prefetch", prefetch, "batches prepared ahead of the loop");
+    v("cache_gb", cache_gb,
+      "training samples (decoded, resized, tokenized) kept in memory after their first epoch "
+      "and reused, up to this many GB (0: off); off while augmenting (image.random_shift, mDPO)");
     v("image", image, "image preprocessing");
   }
 };

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -40,7 +41,27 @@ struct LoaderOptions {
   bool repeat = false;         // start a new epoch at EOF instead of ending
   int rank = 0, world_size = 1;
   int64_t max_records = 0;     // stop each epoch after this many stream positions (0: all)
+  /// > 0: each record's sample is kept after it is first made (by line, up to this many bytes,
+  /// first come first kept) and reused in later epochs instead of decoding and tokenizing again.
+  /// Only for make functions whose result does not depend on the seed (no augmentation).
+  int64_t cache_bytes = 0;
 };
+
+/// Approximate memory of a cached sample: its image tensors plus a fixed allowance for token
+/// vectors and strings.
+template <class Sample>
+int64_t approx_sample_bytes(const Sample& s) {
+  int64_t b = static_cast<int64_t>(sizeof(Sample)) + 4096;
+  if constexpr (requires { s.pixel_values; }) {
+    if (s.pixel_values.defined()) b += static_cast<int64_t>(s.pixel_values.nbytes());
+  }
+  if constexpr (requires { s.corrupted_pixel_values; }) {
+    if (s.corrupted_pixel_values.defined()) {
+      b += static_cast<int64_t>(s.corrupted_pixel_values.nbytes());
+    }
+  }
+  return b;
+}
 
 /// Position in the stream, saved in checkpoints: the epoch and the stream position (records of
 /// the shuffled epoch, over all ranks) where the next window starts. The same on every rank, so a
@@ -83,6 +104,9 @@ class StreamingLoader {
   }
   LoaderCursor cursor() const { return cursor_; }
   int64_t n_skipped() const { return n_skipped_; }
+  /// Samples made so far (cache misses included) and samples served from the cache.
+  int64_t n_made() const { return n_made_.load(); }
+  int64_t n_cache_hits() const { return n_cache_hits_.load(); }
 
   /// This rank's share of the next window of the stream: the next batch_size * world_size
   /// records (one global batch), of which this rank gets those at stream positions p with
@@ -258,9 +282,26 @@ class StreamingLoader {
       if (!w.record.error.empty()) {
         r.error = w.record.error;
       } else {
-        try {
+        if (opts_.cache_bytes > 0) {
+          std::lock_guard<std::mutex> lock(cache_mu_);
+          auto it = cache_.find(w.record.line);
+          if (it != cache_.end()) {
+            r.sample = it->second;  // tensors shared: collate and .to() never write into them
+            ++n_cache_hits_;
+          }
+        }
+        if (!r.sample) try {
           r.sample = make_(w.record.value, w.record.line,
                            sample_seed(opts_.seed, cursor_.epoch, w.seq));
+          ++n_made_;
+          if (opts_.cache_bytes > 0) {
+            const int64_t bytes = approx_sample_bytes(*r.sample);
+            std::lock_guard<std::mutex> lock(cache_mu_);
+            if (cache_used_ + bytes <= opts_.cache_bytes) {
+              cache_.emplace(w.record.line, *r.sample);
+              cache_used_ += bytes;
+            }
+          }
         } catch (const Error& e) {
           r.error = e.message();
         } catch (const std::exception& e) {
@@ -313,6 +354,11 @@ class StreamingLoader {
   std::string producer_error_;
   std::thread producer_;
   std::vector<std::thread> workers_;
+
+  std::mutex cache_mu_;                // guards cache_ and cache_used_ (workers of every epoch)
+  std::map<int64_t, Sample> cache_;    // line -> sample
+  int64_t cache_used_ = 0;
+  std::atomic<int64_t> n_made_{0}, n_cache_hits_{0};
 };
 
 /// Counts the records (non-blank lines) of a JSONL file that fall to `rank`.

@@ -313,8 +313,14 @@ void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tok
 }
 
 bool has_lora_adapter(const fs::path& dir) {
-  return fs::is_regular_file(dir / "adapter_config.json") &&
-         fs::is_regular_file(dir / "adapter_model.safetensors");
+  const bool config = fs::is_regular_file(dir / "adapter_config.json");
+  const bool weights = fs::is_regular_file(dir / "adapter_model.safetensors");
+  MMPOST_CHECK_DATA(config == weights, (dir / (config ? "adapter_model.safetensors"
+                                                      : "adapter_config.json")).string(),
+                    ": missing, but ", (config ? "adapter_config.json" : "adapter_model.safetensors"),
+                    " is there (a PEFT adapter needs both)",
+                    "\n  hint: restore the file, or delete the other one to use the base model alone");
+  return config;
 }
 
 model::LoraSettings read_lora_settings(const fs::path& dir) {
@@ -331,20 +337,29 @@ model::LoraSettings read_lora_settings(const fs::path& dir) {
   }
   MMPOST_CHECK_USAGE(!j.contains("layers_to_transform") || j["layers_to_transform"].is_null(),
                      file.string(), ": layers_to_transform is not supported");
+  MMPOST_CHECK_USAGE(!j.contains("bias") || j["bias"] == "none", file.string(),
+                     ": bias ", j.value("bias", nlohmann::json()).dump(),
+                     " is not supported (only \"none\": LoRA does not train biases)");
   model::LoraSettings s;
+  std::string key;  // the field being read, named in the error
   try {
-    s.r = j.at("r").get<int64_t>();
-    s.lora_alpha = j.at("lora_alpha").get<double>();
-    s.lora_dropout = j.value("lora_dropout", 0.0);
-    s.use_rslora = j.value("use_rslora", false);
-    const auto& t = j.at("target_modules");
+    key = "r";
+    s.r = j.at(key).get<int64_t>();
+    key = "lora_alpha";
+    s.lora_alpha = j.at(key).get<double>();
+    key = "lora_dropout";
+    s.lora_dropout = j.value(key, 0.0);
+    key = "use_rslora";
+    s.use_rslora = j.value(key, false);
+    key = "target_modules";
+    const auto& t = j.at(key);
     if (t.is_string()) {
       s.target_regex = t.get<std::string>();
     } else {
       s.target_modules = t.get<std::vector<std::string>>();
     }
   } catch (const nlohmann::json::exception& e) {
-    throw Error(ErrorKind::kUsage, file.string() + ": " + e.what());
+    throw Error(ErrorKind::kUsage, file.string() + ": " + key + ": " + e.what());
   }
   return s;
 }
@@ -373,6 +388,10 @@ void save_lora_adapter(const fs::path& dir, const model::VlmImpl& m,
       {"language_model", "language_model."}};
   for (const auto& part : modules_to_save) {
     saved_modules.push_back(part);
+    // transformers keeps an untied lm_head beside model.language_model, not in it.
+    if (part == "language_model" && m.language_model->named_parameters().contains("lm_head.weight")) {
+      saved_modules.push_back("lm_head");
+    }
     for (const auto& item : m.named_parameters(/*recurse=*/true)) {
       const std::string& name = item.key();
       if (name.rfind(prefix_of.at(part), 0) != 0) continue;

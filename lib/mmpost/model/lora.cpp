@@ -24,10 +24,13 @@ const std::string kPrefix = "base_model.model.";
 torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
   auto y = torch::nn::LinearImpl::forward(x);
   if (!lora_A.defined() || !adapter_enabled) return y;
-  auto h = dropout > 0 ? torch::dropout(x, dropout, is_training()) : x;
-  // Under autocast the two small matmuls run in the autocast dtype, as in PEFT.
+  // The adapter runs in its own dtype (float32 over a bfloat16 base) and its output is cast to
+  // the base output's, as PEFT does; under autocast the two small matmuls run in the autocast
+  // dtype.
+  auto h = x.to(lora_A.scalar_type());
+  if (dropout > 0) h = torch::dropout(h, dropout, is_training());
   auto delta = torch::nn::functional::linear(torch::nn::functional::linear(h, lora_A), lora_B);
-  return y + delta * scaling;
+  return y + (delta * scaling).to(y.scalar_type());
 }
 
 std::string transformers_module_path(const std::string& n) {

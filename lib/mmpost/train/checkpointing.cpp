@@ -55,6 +55,11 @@ void save_model_bundle(const fs::path& dir, const ModelBundle& b) {
   }
   if (b.lora != nullptr && b.lora->size() > 0 && !b.lora->named_parameters().empty()) {
     hub::save_lora_adapter(dir, *b.vlm, *b.lora, b.lora_modules_to_save, b.lora_base_model);
+  } else {
+    // A folder reused by a run without an adapter (or with a merged one): an earlier run's
+    // adapter files would be merged again on load.
+    fs::remove(dir / "adapter_config.json");
+    fs::remove(dir / "adapter_model.safetensors");
   }
   if (b.value_head) {
     io::save_safetensors(dir / kValueHeadFile,
