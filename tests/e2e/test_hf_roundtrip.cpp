@@ -35,7 +35,7 @@ TEST_CASE("checkpoint saved by mmpost sft loads in transformers with the same lo
 }
 
 TEST_CASE("LoRA adapters saved by mmpost sft load with PEFT onto the transformers model with the "
-          "same logits; merge_on_save writes the merged model", "[e2e][hf]") {
+          "same logits, merge_on_save writes the merged model", "[e2e][hf]") {
   const fs::path root = MMPOST_SOURCE_DIR;
   const fs::path python = root / ".venv" / "bin" / "python";
   if (std::system((python.string() + " -c 'import transformers, peft' > /dev/null 2>&1").c_str()) != 0) {

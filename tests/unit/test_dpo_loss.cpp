@@ -84,7 +84,7 @@ TEST_CASE("dpo loss weights combine per pair: losses = sum_k w_k * loss_k", "[un
   CHECK(out.losses[1].item<double>() == Approx(0.25 * std::log1p(std::exp(1.0)) + 4.0));
 }
 
-TEST_CASE("dpo rewards are detached; the loss carries the gradient", "[unit][dpo]") {
+TEST_CASE("dpo rewards are detached, the loss carries the gradient", "[unit][dpo]") {
   auto b = make_batch(/*requires_grad=*/true);
   auto out = algo::dpo_loss(b.policy, &b.reference, config(algo::DpoLossType::kSigmoid, 0.5));
   CHECK(out.losses.requires_grad());

@@ -64,7 +64,7 @@ double max_diff(const torch::Tensor& a, const torch::Tensor& b) {
 
 }  // namespace
 
-TEST_CASE("activation checkpointing: gradients equal the plain backward; one recompute node per "
+TEST_CASE("activation checkpointing: gradients equal the plain backward, one recompute node per "
           "layer", "[unit][efficiency]") {
   for (bool tie : {false, true}) {
     INFO("tie_word_embeddings " << tie);

@@ -139,7 +139,7 @@ TEST_CASE("generation over 0/1/2-image left-padded rows: cache equals recomputat
   }
 }
 
-TEST_CASE("seeded sampling repeats; another seed and the G copies of a prompt differ",
+TEST_CASE("seeded sampling repeats, another seed and the G copies of a prompt differ",
           "[unit][model]") {
   torch::manual_seed(1);
   Vlm model(tiny_config());

@@ -148,7 +148,7 @@ TEST_CASE("a mismatched image-token count throws a data error", "[unit][model]")
   CHECK_THROWS_AS(model->embed(ids, /*pixel_values=*/{}), mmpost::Error);
 }
 
-TEST_CASE("greedy generation with the kv cache equals recomputation; seeded sampling repeats",
+TEST_CASE("greedy generation with the kv cache equals recomputation, seeded sampling repeats",
           "[unit][model]") {
   torch::manual_seed(0);
   auto c = tiny_config();

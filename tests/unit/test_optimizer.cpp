@@ -52,7 +52,7 @@ TEST_CASE("fused AdamW: first step equals the hand-computed update, decay on mat
   CHECK(max_abs_diff(st.exp_avg_sq(), torch::full({2, 3}, 0.00025, torch::kFloat64)) < 1e-15);
 }
 
-TEST_CASE("fused AdamW: 6 steps agree with torch::optim::AdamW to float rounding; state files "
+TEST_CASE("fused AdamW: 6 steps agree with torch::optim::AdamW to float rounding, state files "
           "interchange", "[unit][optimizer]") {
   torch::manual_seed(3);
   std::vector<torch::Tensor> init = {torch::randn({64, 32}), torch::randn({32}),

@@ -88,12 +88,14 @@ TEST_CASE("reward at the last real token ignores right padding", "[unit][rm]") {
   CHECK(std::abs(prefix[0].item<double>() - alone[0].item<double>()) > 1e-3);
 }
 
-TEST_CASE("reward model folder: save, load, same rewards; a plain VLM is refused", "[unit][rm]") {
+TEST_CASE("reward model folder: save, load, same rewards, a plain VLM is refused", "[unit][rm]") {
   testing::TempDir tmp("rm_folder");
   torch::manual_seed(1);
   model::RewardModel rm(model::build_vlm(tiny_config()), /*init_std=*/0.5);
   rm->eval();
-  hub::save_reward_model(tmp.path / "rm", rm, {}, data::ImageProcessorConfig{});
+  data::ImageProcessorConfig image;  // the tower's own input size, as every stage writes it
+  image.image_size = tiny_config().vision_config.image_size;
+  hub::save_reward_model(tmp.path / "rm", rm, {}, image);
   CHECK(std::filesystem::exists(tmp.path / "rm" / hub::kRewardHeadFile));
   auto cfg = nlohmann::json::parse(testing::read_all(tmp.path / "rm" / "config.json"));
   CHECK(cfg["num_labels"] == 1);
