@@ -169,6 +169,15 @@ void check_lora_resume(const fs::path& ckpt, const config::LoraSection& lora) {
   const nlohmann::json saved_targets =
       saved.target_regex.empty() ? nlohmann::json(saved.target_modules) : nlohmann::json(saved.target_regex);
   same("target_modules", saved_targets.dump(), lora.target_modules.dump());
+  // adapter_config.json lists the parts (plus lm_head beside language_model when untied).
+  const auto cfg = hub::read_json(ckpt / "adapter_config.json");
+  std::vector<std::string> was;
+  if (cfg.contains("modules_to_save") && cfg["modules_to_save"].is_array()) {
+    for (const auto& v : cfg["modules_to_save"]) {
+      if (v.is_string() && v != "lm_head") was.push_back(v.get<std::string>());
+    }
+  }
+  same("modules_to_save", nlohmann::json(was).dump(), nlohmann::json(lora.modules_to_save).dump());
 }
 
 }  // namespace

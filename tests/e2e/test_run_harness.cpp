@@ -522,6 +522,11 @@ TEST_CASE("LoRA: stale adapters removed, resume settings checked, bf16 base, PEF
                   out.string(), dir.path / "l2");
   CHECK(r.code == 2);
   CHECK_THAT(r.err, HasSubstr("lora.alpha: 32") && HasSubstr("was trained with 16"));
+  r = run_cli(sft + "--set train.max_steps=3 --set lora.r=4 "
+                    "--set 'lora.modules_to_save=[\"multi_modal_projector\"]' --output " +
+                  out.string(), dir.path / "l2b");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, HasSubstr("lora.modules_to_save: [\"multi_modal_projector\"], but"));
   r = run_cli(sft + "--set train.max_steps=3 --output " + out.string(), dir.path / "l3");
   CHECK(r.code == 2);
   CHECK_THAT(r.err, HasSubstr("this run was trained with LoRA") && HasSubstr("lora.r is 0"));
