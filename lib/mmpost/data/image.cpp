@@ -11,6 +11,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "mmpost/core/check.h"
+#include "mmpost/io/jsonl.h"
 
 namespace mmpost::data {
 namespace {
@@ -359,15 +360,7 @@ const std::set<std::string> kProcessorTypes = {
 ImageProcessorConfig read_preprocessor_config(const std::string& path,
                                               const ImageProcessorConfig& defaults,
                                               ProcessorFileInfo* info) {
-  std::ifstream in(path);
-  MMPOST_CHECK_USAGE(in.good(), path, ": cannot open");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw Error(ErrorKind::kUsage, path + ": invalid JSON: " + e.what());
-  }
-  MMPOST_CHECK_USAGE(j.is_object(), path, ": expected a JSON object");
+  nlohmann::json j = io::read_json_object_file(path);
   std::string prefix;
   // Processor-level fields (LlavaProcessor): how many tokens one <image> expands to. transformers
   // 5 nests the image settings under "image_processor"; 4.4x wrote only these fields here.

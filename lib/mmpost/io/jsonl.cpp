@@ -32,6 +32,19 @@ fs::path relative_base(const fs::path& path) {
   return !stdin_spool().empty() && path == stdin_spool() ? fs::path() : path.parent_path();
 }
 
+nlohmann::json read_json_object_file(const fs::path& path) {
+  std::ifstream in(path);
+  MMPOST_CHECK_USAGE(in.good(), path.string(), ": cannot open");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw Error(ErrorKind::kUsage, path.string() + ": invalid JSON: " + e.what());
+  }
+  MMPOST_CHECK_USAGE(j.is_object(), path.string(), ": expected a JSON object");
+  return j;
+}
+
 std::string location(const fs::path& path, int64_t line) {
   return display_name(path) + ":" + std::to_string(line);
 }

@@ -24,6 +24,11 @@ std::string display_name(const std::filesystem::path& path);
 /// current folder for the stdin spool.
 std::filesystem::path relative_base(const std::filesystem::path& path);
 
+/// Reads a whole JSON file that must hold an object (config.json, preprocessor_config.json, ...).
+/// Throws Error(kUsage) "PATH: cannot open", "PATH: invalid JSON: ..." or "PATH: expected a JSON
+/// object".
+nlohmann::json read_json_object_file(const std::filesystem::path& path);
+
 /// One non-blank line of a JSONL file.
 struct JsonlRecord {
   nlohmann::json value;  ///< the parsed object (null when `error` is set)

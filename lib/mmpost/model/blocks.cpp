@@ -50,6 +50,32 @@ std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& positi
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 
+std::pair<torch::Tensor, torch::Tensor> mrope_cos_sin(const torch::Tensor& position_ids,
+                                                       int64_t head_dim, double theta,
+                                                       const std::vector<int64_t>& mrope_section,
+                                                       torch::ScalarType dtype) {
+  TORCH_CHECK(position_ids.dim() == 3 && position_ids.size(0) == 3,
+              "M-RoPE position_ids must be [3, B, T], got ", position_ids.sizes());
+  int64_t total = 0;
+  for (int64_t s : mrope_section) total += s;
+  TORCH_CHECK(total == head_dim / 2, "mrope_section sums to ", total, ", not head_dim / 2 = ",
+              head_dim / 2);
+  auto fopts = torch::TensorOptions().dtype(torch::kFloat32).device(position_ids.device());
+  auto inv_freq =
+      1.0 / torch::pow(theta, torch::arange(0, head_dim, 2, fopts.dtype(torch::kInt64))
+                                  .to(torch::kFloat32) / static_cast<double>(head_dim));
+  auto freqs = position_ids.to(torch::kFloat32).unsqueeze(-1) * inv_freq;  // [3, B, T, D/2]
+  std::vector<torch::Tensor> chunks;
+  int64_t start = 0;
+  for (size_t j = 0; j < mrope_section.size(); ++j) {
+    chunks.push_back(freqs[static_cast<int64_t>(j % 3)].narrow(-1, start, mrope_section[j]));
+    start += mrope_section[j];
+  }
+  auto half = torch::cat(chunks, /*dim=*/-1);       // [B, T, D/2]
+  auto emb = torch::cat({half, half}, /*dim=*/-1);  // [B, T, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
                          const torch::Tensor& sin) {
   const int64_t half = x.size(-1) / 2;
@@ -86,15 +112,15 @@ torch::Tensor causal_bias(const torch::Tensor& attention_mask, int64_t n_new,
 }
 
 AttentionImpl::AttentionImpl(int64_t hidden_size, int64_t n_heads, int64_t n_kv_heads,
-                             int64_t head_dim)
+                             int64_t head_dim, bool qkv_bias)
     : n_heads_(n_heads), n_kv_heads_(n_kv_heads), head_dim_(head_dim) {
-  auto linear = [](int64_t in, int64_t out) {
-    return LoraLinear(torch::nn::LinearOptions(in, out).bias(false));
+  auto linear = [](int64_t in, int64_t out, bool bias) {
+    return LoraLinear(torch::nn::LinearOptions(in, out).bias(bias));
   };
-  q_proj = register_module("q_proj", linear(hidden_size, n_heads * head_dim));
-  k_proj = register_module("k_proj", linear(hidden_size, n_kv_heads * head_dim));
-  v_proj = register_module("v_proj", linear(hidden_size, n_kv_heads * head_dim));
-  o_proj = register_module("o_proj", linear(n_heads * head_dim, hidden_size));
+  q_proj = register_module("q_proj", linear(hidden_size, n_heads * head_dim, qkv_bias));
+  k_proj = register_module("k_proj", linear(hidden_size, n_kv_heads * head_dim, qkv_bias));
+  v_proj = register_module("v_proj", linear(hidden_size, n_kv_heads * head_dim, qkv_bias));
+  o_proj = register_module("o_proj", linear(n_heads * head_dim, hidden_size, false));
 }
 
 torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& cos,

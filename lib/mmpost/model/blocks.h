@@ -48,22 +48,42 @@ std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& positi
 torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
                          const torch::Tensor& sin);
 
+/// Multimodal rotary tables (M-RoPE, Qwen2-VL; HF Qwen2VLRotaryEmbedding): position_ids [3, B, T]
+/// int64 (temporal, height, width). The D/2 frequencies theta^(-2i/D) are split into consecutive
+/// chunks of `mrope_section` (sum = D/2); chunk j takes its angles from axis j % 3; the result is
+/// duplicated over both halves. Returns {cos, sin}, each [B, T, D] in `dtype`, angles in float32.
+/// Equal positions on the three axes give exactly rope_cos_sin's tables.
+/// Throws c10::Error when the sections do not sum to D/2.
+std::pair<torch::Tensor, torch::Tensor> mrope_cos_sin(const torch::Tensor& position_ids,
+                                                       int64_t head_dim, double theta,
+                                                       const std::vector<int64_t>& mrope_section,
+                                                       torch::ScalarType dtype);
+
 /// Keys and values of past tokens, one entry per decoder layer, each [B, H_kv, S, D].
 /// Grows by concatenation; `reset()` empties it. The caller passes the attention mask of all
 /// S + T tokens to the model (HF convention).
 struct KVCache {
   std::vector<torch::Tensor> keys;
   std::vector<torch::Tensor> values;
+  /// M-RoPE models (Qwen2-VL): max position + 1 - tokens of each prompt row, [B] int64, set by
+  /// the prompt's forward; later tokens sit at their 1-D position + this delta.
+  torch::Tensor rope_deltas;
   /// Tokens cached so far (S), 0 when empty.
   int64_t seq_len() const { return keys.empty() || !keys[0].defined() ? 0 : keys[0].size(2); }
-  void reset() { keys.clear(); values.clear(); }
+  void reset() {
+    keys.clear();
+    values.clear();
+    rope_deltas = torch::Tensor();
+  }
 };
 
-/// Causal self-attention with grouped-query heads (HF LlamaAttention, no biases):
+/// Causal self-attention with grouped-query heads (HF LlamaAttention, no biases; with `qkv_bias`
+/// q_proj, k_proj and v_proj carry a bias and o_proj none, as HF Qwen2Attention):
 /// q_proj, k_proj, v_proj, o_proj.
 class AttentionImpl : public torch::nn::Module {
  public:
-  AttentionImpl(int64_t hidden_size, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim);
+  AttentionImpl(int64_t hidden_size, int64_t n_heads, int64_t n_kv_heads, int64_t head_dim,
+                bool qkv_bias = false);
   /// x: [B, T, C]; cos, sin: [B, T, D]; bias: additive mask [B, 1, T, S + T] in x's dtype
   /// (0 = attend, large negative = masked). With `cache`, appends this call's keys/values to
   /// `cache->keys[layer]` / `values[layer]` and attends over all of them. Returns [B, T, C].

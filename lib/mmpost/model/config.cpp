@@ -2,6 +2,7 @@
 // CLIPVisionConfig and LlamaConfig; keys HF writes that do not change the math (initializer_range,
 // use_cache, ...) are ignored on read, and anything we do not implement is refused by name.
 #include "mmpost/model/config.h"
+#include "mmpost/model/config_json.h"
 
 #include "mmpost/config/schema.h"
 #include "mmpost/core/check.h"
@@ -10,10 +11,11 @@
 #include <set>
 
 namespace mmpost::model {
-namespace {
+namespace detail {
 
 using nlohmann::json;
 
+namespace {
 const std::vector<std::string> kSupportedActs = {"silu", "gelu", "gelu_pytorch_tanh", "quick_gelu"};
 
 std::string joined(const std::vector<std::string>& v) {
@@ -21,22 +23,7 @@ std::string joined(const std::vector<std::string>& v) {
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
   return s;
 }
-
-// Reads j[key] as T when present and not null; a wrong type names the JSON path.
-template <typename T>
-void read(const json& j, const std::string& key, const std::string& path, T& out) {
-  auto it = j.find(key);
-  if (it == j.end() || it->is_null()) return;
-  try {
-    out = it->get<T>();
-  } catch (const json::exception&) {
-    throw Error(ErrorKind::kUsage, "config.json: " + path + key + ": expected " +
-                                       (std::is_same_v<T, std::string> ? "a string"
-                                        : std::is_same_v<T, bool>      ? "a boolean"
-                                                                       : "a number") +
-                                       ", got " + it->dump());
-  }
-}
+}  // namespace
 
 void check_act(const std::string& act, const std::string& field) {
   MMPOST_CHECK_USAGE(std::find(kSupportedActs.begin(), kSupportedActs.end(), act) !=
@@ -102,6 +89,43 @@ void check_keys(const json& j, const std::set<std::string>& known, const std::st
   }
 }
 
+void read_token_ids(const json& j, TextConfig& t) {
+  auto optional_id = [&](const char* key, std::optional<int64_t>& out) {
+    if (auto it = j.find(key); it != j.end())
+      out = it->is_null() ? std::nullopt : std::optional<int64_t>(it->get<int64_t>());
+  };
+  optional_id("bos_token_id", t.bos_token_id);
+  optional_id("pad_token_id", t.pad_token_id);
+  if (auto it = j.find("eos_token_id"); it != j.end()) {
+    t.eos_token_id.clear();
+    if (it->is_array()) {
+      for (const auto& e : *it) t.eos_token_id.push_back(e.get<int64_t>());
+    } else if (!it->is_null()) {
+      t.eos_token_id.push_back(it->get<int64_t>());
+    }
+  }
+}
+
+void write_token_ids(const TextConfig& t, json& text) {
+  text["bos_token_id"] = t.bos_token_id ? json(*t.bos_token_id) : json(nullptr);
+  text["pad_token_id"] = t.pad_token_id ? json(*t.pad_token_id) : json(nullptr);
+  text["eos_token_id"] = t.eos_token_id.size() == 1 ? json(t.eos_token_id[0]) : json(t.eos_token_id);
+}
+
+}  // namespace detail
+
+namespace {
+
+using nlohmann::json;
+using detail::check_act;
+using detail::check_keys;
+using detail::check_model_type;
+using detail::kInertCommon;
+using detail::read;
+using detail::kTextKeys;
+using detail::kTopKeys;
+using detail::kVisionKeys;
+
 VisionConfig vision_from_json(const json& j) {
   const std::string p = "vision_config.";
   MMPOST_CHECK_USAGE(j.is_object(), "config.json: vision_config: expected an object");
@@ -163,18 +187,7 @@ TextConfig text_from_json(const json& j) {
     MMPOST_CHECK_USAGE(!on, "config.json: text_config.", key,
                        ": unsupported true (supported: false)");
   }
-  if (auto it = j.find("bos_token_id"); it != j.end())
-    t.bos_token_id = it->is_null() ? std::nullopt : std::optional<int64_t>(it->get<int64_t>());
-  if (auto it = j.find("pad_token_id"); it != j.end())
-    t.pad_token_id = it->is_null() ? std::nullopt : std::optional<int64_t>(it->get<int64_t>());
-  if (auto it = j.find("eos_token_id"); it != j.end()) {
-    t.eos_token_id.clear();
-    if (it->is_array()) {
-      for (const auto& e : *it) t.eos_token_id.push_back(e.get<int64_t>());
-    } else if (!it->is_null()) {
-      t.eos_token_id.push_back(it->get<int64_t>());
-    }
-  }
+  detail::read_token_ids(j, t);
   return t;
 }
 
@@ -320,11 +333,8 @@ json vlm_config_to_json(const VlmConfig& c) {
                {"attention_bias", false},
                {"mlp_bias", false},
                {"max_position_embeddings", t.max_position_embeddings},
-               {"tie_word_embeddings", t.tie_word_embeddings},
-               {"bos_token_id", t.bos_token_id ? json(*t.bos_token_id) : json(nullptr)},
-               {"pad_token_id", t.pad_token_id ? json(*t.pad_token_id) : json(nullptr)}};
-  text["eos_token_id"] =
-      t.eos_token_id.size() == 1 ? json(t.eos_token_id[0]) : json(t.eos_token_id);
+               {"tie_word_embeddings", t.tie_word_embeddings}};
+  detail::write_token_ids(t, text);
   return {{"architectures", {"LlavaForConditionalGeneration"}},
           {"model_type", "llava"},
           {"vision_config", vision},

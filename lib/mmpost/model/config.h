@@ -47,6 +47,12 @@ struct TextConfig {
   std::optional<int64_t> bos_token_id = 1;
   std::vector<int64_t> eos_token_id = {2};
   std::optional<int64_t> pad_token_id;
+  /// q_proj / k_proj / v_proj carry biases (Qwen2; not a LlamaConfig key: Llama's
+  /// attention_bias would bias o_proj too and stays refused).
+  bool qkv_bias = false;
+  /// M-RoPE split of the head_dim / 2 rotary frequencies over (temporal, height, width), e.g.
+  /// Qwen2-VL's [16, 24, 24]; empty = 1-D rotary positions (Llama).
+  std::vector<int64_t> mrope_section;
 };
 
 /// LLaVA settings (HF LlavaConfig).

@@ -44,22 +44,24 @@ std::string hub_name(const std::string& checkpoint_name) {
   return n;
 }
 
-void load_hf_weights(VlmImpl& model, const std::map<std::string, torch::Tensor>& tensors,
-                     const std::string& source_name) {
+void load_named_weights(torch::nn::Module& model,
+                        const std::map<std::string, torch::Tensor>& tensors,
+                        const std::string& source_name,
+                        const std::function<std::string(const std::string&)>& param_name) {
   auto params = model.named_parameters(/*recurse=*/true);
-  std::map<std::string, std::string> source_of;  // hub name -> checkpoint name
+  std::map<std::string, std::string> source_of;  // parameter name -> checkpoint name
   std::vector<std::string> unexpected;
   for (const auto& [name, tensor] : tensors) {
     if (is_ignored_buffer(name)) continue;
-    const std::string hub = hub_name(name);
-    if (model.language_model->tied() && hub == "language_model.lm_head.weight") continue;
-    if (params.find(hub) == nullptr) {
+    const std::string target = param_name(name);
+    if (target.empty()) continue;
+    if (params.find(target) == nullptr) {
       unexpected.push_back(name);
       continue;
     }
-    auto [it, inserted] = source_of.emplace(hub, name);
+    auto [it, inserted] = source_of.emplace(target, name);
     MMPOST_CHECK_DATA(inserted, source_name, ": tensors \"", it->second, "\" and \"", name,
-                      "\" both map to parameter \"", hub, "\"",
+                      "\" both map to parameter \"", target, "\"",
                       "\n  hint: the file mixes two name layouts");
   }
   std::vector<std::string> missing;
@@ -77,14 +79,23 @@ void load_hf_weights(VlmImpl& model, const std::map<std::string, torch::Tensor>&
                 "(layer counts, tie_word_embeddings)");
   }
   torch::NoGradGuard no_grad;
-  for (const auto& [hub, name] : source_of) {
-    auto& param = params[hub];
+  for (const auto& [target, name] : source_of) {
+    auto& param = params[target];
     const auto& src = tensors.at(name);
     MMPOST_CHECK_DATA(src.sizes() == param.sizes(), source_name, ": tensor \"", name,
-                      "\" has shape ",
-                      src.sizes(), " but the model expects ", param.sizes(), " for \"", hub, "\"");
+                      "\" has shape ", src.sizes(), " but the model expects ", param.sizes(),
+                      " for \"", target, "\"");
     param.copy_(src.to(param.device(), param.scalar_type()));
   }
+}
+
+void load_hf_weights(VlmImpl& model, const std::map<std::string, torch::Tensor>& tensors,
+                     const std::string& source_name) {
+  const bool tied = model.language_model->tied();
+  load_named_weights(model, tensors, source_name, [tied](const std::string& name) {
+    std::string hub = hub_name(name);
+    return tied && hub == "language_model.lm_head.weight" ? std::string() : hub;
+  });
 }
 
 std::map<std::string, torch::Tensor> hf_state_dict(const VlmImpl& model) {

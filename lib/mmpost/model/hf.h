@@ -9,6 +9,7 @@
 
 #include <torch/torch.h>
 
+#include <functional>
 #include <map>
 #include <string>
 
@@ -19,6 +20,16 @@ namespace mmpost::model {
 /// "vision_tower.embeddings.class_embedding"
 ///   -> "vision_tower.vision_model.embeddings.class_embedding".
 std::string hub_name(const std::string& checkpoint_name);
+
+/// Copies checkpoint `tensors` into `model`'s parameters: tensor NAME fills parameter
+/// param_name(NAME) (empty: ignored), converted to the parameter's dtype and device;
+/// non-persistent buffers older checkpoints carry (`*.position_ids`, `*.rotary_emb.inv_freq`) are
+/// skipped. Throws Error(kData) naming `source_name` and listing every missing and unexpected
+/// tensor, two tensors mapping to one parameter, or a shape mismatch (both shapes).
+void load_named_weights(torch::nn::Module& model,
+                        const std::map<std::string, torch::Tensor>& tensors,
+                        const std::string& source_name,
+                        const std::function<std::string(const std::string&)>& param_name);
 
 /// Copies `tensors` into the model's parameters (converted to each parameter's dtype and device).
 /// With tied embeddings one tensor fills both; an lm_head tensor is then ignored, as HF does.

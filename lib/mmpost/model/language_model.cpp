@@ -9,7 +9,8 @@ namespace mmpost::model {
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const TextConfig& c) {
   self_attn = register_module(
       "self_attn",
-      Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim));
+      Attention(c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+                c.qkv_bias));
   mlp = register_module("mlp", SwiGluMlp(c.hidden_size, c.intermediate_size,
                                          activation_from_name(c.hidden_act)));
   input_layernorm = register_module("input_layernorm", RmsNorm(c.hidden_size, c.rms_norm_eps));
@@ -31,7 +32,7 @@ torch::Tensor default_position_ids(const torch::Tensor& attention_mask, int64_t 
 }
 
 LlamaModelImpl::LlamaModelImpl(const TextConfig& c)
-    : head_dim_(c.head_dim), rope_theta_(c.rope_theta) {
+    : head_dim_(c.head_dim), rope_theta_(c.rope_theta), mrope_section_(c.mrope_section) {
   embed_tokens = register_module("embed_tokens", torch::nn::Embedding(c.vocab_size, c.hidden_size));
   layers = register_module("layers", torch::nn::ModuleList());
   for (int64_t i = 0; i < c.num_hidden_layers; ++i) layers->push_back(LlamaDecoderLayer(c));
@@ -52,7 +53,17 @@ torch::Tensor LlamaModelImpl::forward(const torch::Tensor& inputs_embeds,
               "attention_mask must be [B, S + T] = [", B, ", ", n_past + T, "], got ",
               attention_mask.sizes());
   if (!position_ids.defined()) position_ids = default_position_ids(attention_mask, T);
-  auto [cos, sin] = rope_cos_sin(position_ids, head_dim_, rope_theta_, inputs_embeds.scalar_type());
+  torch::Tensor cos, sin;
+  if (!mrope_section_.empty()) {  // 1-D positions stand for equal temporal/height/width ones
+    if (position_ids.dim() == 2) position_ids = position_ids.unsqueeze(0).expand({3, B, T});
+    std::tie(cos, sin) = mrope_cos_sin(position_ids, head_dim_, rope_theta_, mrope_section_,
+                                       inputs_embeds.scalar_type());
+  } else {
+    TORCH_CHECK(position_ids.dim() == 2, "position_ids must be [B, T] for 1-D rotary positions, ",
+                "got ", position_ids.sizes());
+    std::tie(cos, sin) =
+        rope_cos_sin(position_ids, head_dim_, rope_theta_, inputs_embeds.scalar_type());
+  }
   auto bias = causal_bias(attention_mask, T, inputs_embeds.scalar_type());
   auto h = inputs_embeds;
   for (size_t i = 0; i < layers->size(); ++i) {

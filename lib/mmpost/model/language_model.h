@@ -34,7 +34,8 @@ class LlamaModelImpl : public torch::nn::Module {
   explicit LlamaModelImpl(const TextConfig& c);
   /// inputs_embeds [B, T, C]; attention_mask [B, S + T] (1 = keep, 0 = pad; left or right
   /// padding; undefined = all ones) covering the S cached tokens too; position_ids [B, T] int64
-  /// (undefined = default_position_ids); cache: read and extended when not null.
+  /// (undefined = default_position_ids), or [3, B, T] (temporal, height, width) with M-RoPE
+  /// (TextConfig::mrope_section); cache: read and extended when not null.
   /// Returns the final-norm hidden states [B, T, C].
   torch::Tensor forward(const torch::Tensor& inputs_embeds, torch::Tensor attention_mask = {},
                         torch::Tensor position_ids = {}, KVCache* cache = nullptr);
@@ -48,6 +49,7 @@ class LlamaModelImpl : public torch::nn::Module {
  private:
   int64_t head_dim_;
   double rope_theta_;
+  std::vector<int64_t> mrope_section_;
 };
 TORCH_MODULE(LlamaModel);
 

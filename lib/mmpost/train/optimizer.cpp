@@ -243,11 +243,10 @@ StepStats Optimizer::step(int64_t step, double loss) {
   return s;
 }
 
-std::string Optimizer::state_bytes() {
-  std::ostringstream os(std::ios::binary);
-  if (owner_.empty()) {
-    if (rank_ == 0) torch::save(*adamw_, os);
-    return os.str();
+std::shared_ptr<torch::optim::AdamW> Optimizer::checkpoint_state() {
+  if (owner_.empty()) {  // a non-owning view of the live optimizer
+    if (rank_ != 0) return nullptr;
+    return std::shared_ptr<torch::optim::AdamW>(std::shared_ptr<void>(), adamw_.get());
   }
   // ZeRO-1: rebuild the unsharded AdamW on every rank from the owners' shards (flag, step, m, v
   // per tensor, broadcast by the owner), then rank 0 serializes it.
@@ -283,8 +282,8 @@ std::string Optimizer::state_bytes() {
       full->state()[trainable_[ks[i]].unsafeGetTensorImpl()] = std::move(st);
     }
   }
-  if (rank_ == 0) torch::save(*full, os);
-  return os.str();
+  if (rank_ != 0) return nullptr;
+  return std::shared_ptr<torch::optim::AdamW>(std::move(full));
 }
 
 void Optimizer::load_state(const std::filesystem::path& file) {

@@ -103,12 +103,13 @@ class Optimizer {
   /// steps AdamW (its shard under ZeRO-1, then every rank's share is broadcast from its owner).
   StepStats step(int64_t step, double loss);
 
-  /// The AdamW state in torch::save's format for an AdamW over all trainable tensors (the same
-  /// file whether or not it was sharded, so a checkpoint resumes on any world size). Collective
-  /// under ZeRO-1 (every rank must call it; the shards are gathered); "" on ranks other than 0
-  /// then.
-  std::string state_bytes();
-  /// Restores a file written from state_bytes(): each rank keeps its own shard under ZeRO-1.
+  /// The AdamW a checkpoint's optimizer.pt holds (torch::save of an AdamW over all trainable
+  /// tensors: the same file whether or not it was sharded, so a checkpoint resumes on any world
+  /// size): the live optimizer itself, no copy, or under ZeRO-1 an unsharded rebuild on rank 0.
+  /// Collective under ZeRO-1 (every rank must call it, before anything that can fail on one rank
+  /// only; the shards are gathered); null on ranks other than 0 then.
+  std::shared_ptr<torch::optim::AdamW> checkpoint_state();
+  /// Restores a file written from checkpoint_state(): each rank keeps its own shard under ZeRO-1.
   /// Throws Error(kRuntime) naming the file.
   void load_state(const std::filesystem::path& file);
   /// Bytes of the full AdamW state (two moments per trainable element).

@@ -1,0 +1,219 @@
+// Parity of mmpost's Qwen2-VL family with transformers' Qwen2VLForConditionalGeneration and
+// Qwen2_5_VLForConditionalGeneration: fixtures written by scripts/golden/make_qwen2_vl_fixture.py
+// (config.json + model.safetensors + io.safetensors) are loaded through
+// qwen2_vl_config_from_json + load_qwen2_vl_weights and compared on M-RoPE positions, logits and
+// greedy generation with the KV cache. Plus hand-built M-RoPE positions (issue 14's example).
+#include "catch.h"
+
+#include "mmpost/io/safetensors.h"
+#include "mmpost/model/qwen2_vl.h"
+
+#include <filesystem>
+#include <fstream>
+
+using namespace mmpost::model;
+
+namespace {
+
+const std::filesystem::path kFixtures =
+    std::filesystem::path(MMPOST_SOURCE_DIR) / "tests/golden/fixtures";
+
+nlohmann::json read_json(const std::filesystem::path& file) {
+  std::ifstream f(file);
+  REQUIRE(f.good());
+  return nlohmann::json::parse(f);
+}
+
+Qwen2VL load_model(const std::filesystem::path& dir) {
+  auto model = build_qwen2_vl(qwen2_vl_config_from_json(read_json(dir / "config.json")));
+  load_qwen2_vl_weights(*model, mmpost::io::load_safetensors(dir),
+                        (dir / "model.safetensors").string());
+  model->eval();
+  return model;
+}
+
+// Greedy decoding with the KV cache: the prompt once (M-RoPE positions, rope deltas kept), then
+// one token per step at its 1-D position + delta (HF generate with do_sample=False).
+torch::Tensor greedy(Qwen2VLImpl& model, const std::map<std::string, torch::Tensor>& io,
+                     int64_t n_new) {
+  torch::NoGradGuard no_grad;
+  KVCache cache;
+  auto mask = io.at("gen_attention_mask");
+  auto logits = model.forward(io.at("gen_input_ids"), io.at("pixel_values"),
+                              io.at("image_grid_thw"), mask, &cache);
+  std::vector<torch::Tensor> out;
+  for (int64_t i = 0; i < n_new; ++i) {
+    auto next = logits.select(1, logits.size(1) - 1).argmax(-1, /*keepdim=*/true);  // [B, 1]
+    out.push_back(next);
+    mask = torch::cat({mask, torch::ones_like(next)}, 1);
+    logits = model.forward(next, {}, {}, mask, &cache);
+  }
+  return torch::cat(out, 1);
+}
+
+void check_fixture(const std::string& name) {
+  const auto dir = kFixtures / name;
+  auto model = load_model(dir);
+  auto io = mmpost::io::load_safetensors(dir / "io.safetensors");
+  const auto& input_ids = io.at("input_ids");
+  const auto& mask = io.at("attention_mask");
+  const auto& cfg = model->config();
+
+  auto [pos, deltas] = mrope_position_ids(input_ids, io.at("image_grid_thw"), mask,
+                                          cfg.image_token_id,
+                                          cfg.vision_config.spatial_merge_size);
+  // HF leaves padded positions at 0, as mmpost does; compare everything.
+  CHECK(torch::equal(pos, io.at("position_ids")));
+  CHECK(torch::equal(deltas, io.at("rope_deltas").view({-1})));
+
+  torch::NoGradGuard no_grad;
+  auto logits = model->forward(input_ids, io.at("pixel_values"), io.at("image_grid_thw"), mask);
+  const auto& expected = io.at("logits");
+  REQUIRE(logits.sizes() == expected.sizes());
+  auto keep = mask.to(torch::kBool).unsqueeze(-1).expand_as(logits);  // padded rows: no target
+  const double max_diff = (logits - expected).abs().masked_select(keep).max().item<double>();
+  INFO(name << ": max |logits - HF| over real tokens = " << max_diff);
+  CHECK(max_diff < 1e-4);
+
+  auto tokens = greedy(*model, io, io.at("gen_tokens").size(1));
+  INFO("mmpost " << tokens << "\nHF " << io.at("gen_tokens"));
+  CHECK(torch::equal(tokens, io.at("gen_tokens")));
+}
+
+}  // namespace
+
+TEST_CASE("Qwen2-VL logits and M-RoPE positions match transformers and greedy generation is "
+          "token-identical",
+          "[golden][qwen2vl]") {
+  check_fixture("qwen2_vl_tiny");
+}
+
+TEST_CASE("Qwen2.5-VL with window attention matches transformers (logits positions greedy)",
+          "[golden][qwen2vl]") {
+  check_fixture("qwen2_5_vl_tiny");
+}
+
+TEST_CASE("Qwen2-VL hub flat config.json loads to the same model as the nested one",
+          "[golden][qwen2vl]") {
+  auto nested = qwen2_vl_config_from_json(read_json(kFixtures / "qwen2_vl_tiny/config.json"));
+  auto flat = qwen2_vl_config_from_json(read_json(kFixtures / "qwen2_vl_tiny_flat/config.json"));
+  CHECK(qwen2_vl_config_to_json(nested) == qwen2_vl_config_to_json(flat));
+  CHECK(flat.text_config.mrope_section == std::vector<int64_t>{2, 3, 3});
+  CHECK(flat.text_config.qkv_bias);
+  CHECK(flat.vision_config.embed_dim == 32);
+  CHECK(flat.vision_config.intermediate_size == 64);  // embed_dim * mlp_ratio
+}
+
+TEST_CASE("Qwen2-VL state dict saves in the hub layout and reloads identically",
+          "[golden][qwen2vl]") {
+  const auto dir = kFixtures / "qwen2_vl_tiny";
+  auto model = load_model(dir);
+  auto saved = qwen2_vl_state_dict(*model);
+  auto original = mmpost::io::load_safetensors(dir);
+  REQUIRE(saved.size() == original.size());
+  for (const auto& [name, t] : original) {
+    INFO(name);
+    REQUIRE(saved.count(name) == 1);
+    CHECK(torch::equal(saved.at(name), t));
+  }
+  // transformers 5's in-memory names load too.
+  std::map<std::string, torch::Tensor> renamed;
+  for (const auto& [name, t] : original) {
+    std::string n = name;
+    if (n.rfind("visual.", 0) == 0) n = "model." + n;
+    else if (n.rfind("model.", 0) == 0) n = "model.language_model." + n.substr(6);
+    renamed[n] = t;
+  }
+  auto again = build_qwen2_vl(model->config());
+  load_qwen2_vl_weights(*again, renamed, "renamed");
+  for (const auto& [name, t] : qwen2_vl_state_dict(*again)) CHECK(torch::equal(t, saved.at(name)));
+}
+
+TEST_CASE("M-RoPE positions on a hand-built sequence (issue 14 example)", "[unit][qwen2vl]") {
+  // a b <vs> P P P P <ve> c with grid (1, 4, 4): 2x2 merge -> 4 placeholders on a 2x2 grid.
+  const int64_t a = 10, b = 11, vs = 20, P = 30, ve = 21, c = 12;
+  auto ids = torch::tensor({a, b, vs, P, P, P, P, ve, c}, torch::kInt64).view({1, -1});
+  auto grid = torch::tensor({1, 4, 4}, torch::kInt64).view({1, 3});
+  auto [pos, deltas] = mrope_position_ids(ids, grid, {}, P, 2);
+  auto row = [&](int axis) {
+    auto r = pos[axis][0].contiguous();
+    return std::vector<int64_t>(r.data_ptr<int64_t>(), r.data_ptr<int64_t>() + r.numel());
+  };
+  CHECK(row(0) == std::vector<int64_t>{0, 1, 2, 3, 3, 3, 3, 5, 6});
+  CHECK(row(1) == std::vector<int64_t>{0, 1, 2, 3, 3, 4, 4, 5, 6});
+  CHECK(row(2) == std::vector<int64_t>{0, 1, 2, 3, 4, 3, 4, 5, 6});
+  CHECK(deltas.item<int64_t>() == -2);
+
+  // Left padding: the same row shifted right by two pad tokens gets the same positions on its
+  // real tokens and 0 on the pads; a non-square grid (1, 2, 6) advances text by max(1, 3) = 3.
+  auto padded = torch::cat({torch::zeros({1, 2}, torch::kInt64), ids}, 1);
+  auto mask = torch::cat({torch::zeros({1, 2}, torch::kInt64), torch::ones({1, 9}, torch::kInt64)}, 1);
+  auto [pos2, deltas2] = mrope_position_ids(padded, grid, mask, P, 2);
+  CHECK(torch::equal(pos2.narrow(2, 2, 9), pos));
+  CHECK(pos2.narrow(2, 0, 2).abs().sum().item<int64_t>() == 0);
+  CHECK(deltas2.item<int64_t>() == -2);
+  auto wide = torch::tensor({a, vs, P, P, P, ve, c}, torch::kInt64).view({1, -1});
+  auto [pos3, deltas3] =
+      mrope_position_ids(wide, torch::tensor({1, 2, 6}, torch::kInt64).view({1, 3}), {}, P, 2);
+  CHECK(pos3[2][0][4].item<int64_t>() == 2 + 2);  // third column
+  CHECK(pos3[0][0][5].item<int64_t>() == 2 + 3);  // <ve> after max(1, 3)
+  CHECK(deltas3.item<int64_t>() == 6 + 1 - 7);
+
+  // Placeholder count disagreeing with the grid names the image.
+  auto short_run = torch::tensor({a, vs, P, P, P, ve}, torch::kInt64).view({1, -1});
+  CHECK_THROWS_WITH(mrope_position_ids(short_run, grid, {}, P, 2),
+                    Catch::Contains("image 0 has grid (1, 4, 4) = 4 placeholder tokens"));
+}
+
+TEST_CASE("M-RoPE tables equal 1-D rotary tables when the three axes agree", "[unit][qwen2vl]") {
+  auto p = torch::arange(7, torch::kInt64).view({1, 7});
+  auto [c1, s1] = rope_cos_sin(p, 16, 1e6, torch::kFloat32);
+  auto [c3, s3] = mrope_cos_sin(p.unsqueeze(0).expand({3, 1, 7}), 16, 1e6, {2, 3, 3},
+                                torch::kFloat32);
+  CHECK(torch::equal(c1, c3));
+  CHECK(torch::equal(s1, s3));
+  // Distinct axes: frequency i takes axis 0 for i < 2, axis 1 for 2 <= i < 5, axis 2 after.
+  auto pos = torch::stack({torch::full({1, 1}, 1, torch::kInt64), torch::full({1, 1}, 2, torch::kInt64),
+                           torch::full({1, 1}, 3, torch::kInt64)});
+  auto [c, s] = mrope_cos_sin(pos, 16, 1e6, {2, 3, 3}, torch::kFloat32);
+  for (int64_t i = 0; i < 8; ++i) {
+    const double inv = 1.0 / std::pow(1e6, 2.0 * i / 16.0);
+    const int64_t axis_pos = i < 2 ? 1 : i < 5 ? 2 : 3;
+    CHECK(c[0][0][i].item<double>() == Approx(std::cos(axis_pos * inv)).margin(1e-6));
+    CHECK(c[0][0][i + 8].item<double>() == Approx(std::cos(axis_pos * inv)).margin(1e-6));
+  }
+}
+
+TEST_CASE("Qwen2.5-VL window index matches the reference layout", "[unit][qwen2vl]") {
+  // Grid (1, 6, 8) with merge 2 -> 3x4 merged units; window_size 56 / 2 / 14 = 2 units per side:
+  // windows (rows 0-1, cols 0-1), (0-1, 2-3), (2, 0-1), (2, 2-3) in that order.
+  auto [index, cu] = vision_window_index({{1, 6, 8}}, 2, 56, 14);
+  CHECK(index == std::vector<int64_t>{0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 10, 11});
+  CHECK(cu == std::vector<int64_t>{0, 16, 32, 40, 48});
+  // An exact multiple (2x2 units) gives one window; HF's extra padded window is empty and dropped.
+  auto [index2, cu2] = vision_window_index({{1, 4, 4}}, 2, 56, 14);
+  CHECK(index2 == std::vector<int64_t>{0, 1, 2, 3});
+  CHECK(cu2 == std::vector<int64_t>{0, 16});
+}
+
+TEST_CASE("Qwen2-VL config refusals name the field", "[unit][qwen2vl]") {
+  auto j = read_json(kFixtures / "qwen2_vl_tiny/config.json");
+  auto bad = j;
+  bad["text_config"]["rope_parameters"]["mrope_section"] = {2, 3, 4};
+  CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad), Catch::Contains("mrope_section"));
+  bad = j;
+  bad["vision_config"]["embed_dimm"] = 32;
+  CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad),
+                    Catch::Contains("vision_config.embed_dimm: unknown key"));
+  bad = j;
+  bad["text_config"]["use_sliding_window"] = true;
+  CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad), Catch::Contains("use_sliding_window"));
+  auto j25 = read_json(kFixtures / "qwen2_5_vl_tiny/config.json");
+  bad = j25;
+  bad["vision_config"]["fullatt_block_indexes"] = {1, 3};
+  CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad),
+                    Catch::Contains("fullatt_block_indexes: 3 is out of range for depth 3"));
+  bad = j;
+  bad["vision_config"]["hidden_size"] = 48;
+  CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad), Catch::Contains("must equal text_config.hidden_size"));
+}
