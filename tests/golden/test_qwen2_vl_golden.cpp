@@ -4,14 +4,19 @@
 // qwen2_vl_config_from_json + load_qwen2_vl_weights and compared on M-RoPE positions, logits and
 // greedy generation with the KV cache. Plus hand-built M-RoPE positions (issue 14's example).
 #include "catch.h"
+#include "test_util.h"
 
+#include "mmpost/hub/qwen2_vl_folder.h"
 #include "mmpost/io/safetensors.h"
 #include "mmpost/model/qwen2_vl.h"
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 
 using namespace mmpost::model;
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -216,4 +221,43 @@ TEST_CASE("Qwen2-VL config refusals name the field", "[unit][qwen2vl]") {
   bad = j;
   bad["vision_config"]["hidden_size"] = 48;
   CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad), Catch::Contains("must equal text_config.hidden_size"));
+}
+
+TEST_CASE("Qwen2-VL family folders save in the hub layout and transformers loads them with the "
+          "same logits",
+          "[golden][qwen2vl][hf]") {
+  const fs::path root = MMPOST_SOURCE_DIR;
+  const fs::path python = root / ".venv" / "bin" / "python";
+  for (const char* name : {"qwen2_vl_tiny", "qwen2_5_vl_tiny", "qwen2_vl_tiny_flat"}) {
+    INFO(name);
+    const auto src = kFixtures / name;
+    REQUIRE(mmpost::hub::is_qwen2_vl_folder(src));
+    auto loaded = mmpost::hub::load_qwen2_vl_pretrained(src);
+    CHECK_FALSE(loaded.has_processor_config);
+    mmpost::testing::TempDir out("qwen2vl_save");
+    mmpost::hub::save_qwen2_vl_pretrained(out.path, *loaded.model, loaded.image, src);
+    // mmpost reads its own folder back to the same tensors and config.
+    auto again = mmpost::hub::load_qwen2_vl_pretrained(out.path);
+    CHECK(again.has_processor_config);
+    CHECK(qwen2_vl_config_to_json(again.config) == qwen2_vl_config_to_json(loaded.config));
+    auto a = qwen2_vl_state_dict(*loaded.model), b = qwen2_vl_state_dict(*again.model);
+    REQUIRE(a.size() == b.size());
+    for (const auto& [n, t] : a) CHECK(torch::equal(t, b.at(n)));
+    if (std::system((python.string() + " -c 'import transformers' > /dev/null 2>&1").c_str()) != 0) {
+      MMPOST_SKIP(python.string() + " cannot import transformers (run scripts/setup.sh)");
+    }
+    const std::string io_dir = std::string(name) == "qwen2_vl_tiny_flat" ? "qwen2_vl_tiny" : name;
+    const auto log = out.path / "check.log";
+    const std::string cmd = python.string() + " " +
+                            (root / "scripts/golden/check_qwen2_vl_folder.py").string() + " " +
+                            out.path.string() + " " +
+                            (kFixtures / io_dir / "io.safetensors").string() + " > " +
+                            log.string() + " 2>&1";
+    const int rc = std::system(cmd.c_str());
+    std::ifstream in(log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO(text);
+    CHECK(rc == 0);
+    CHECK(text.find("\"ok\": true") != std::string::npos);
+  }
 }
