@@ -8,6 +8,7 @@
 
 #include "mmpost/hub/qwen2_vl_folder.h"
 #include "mmpost/io/safetensors.h"
+#include "mmpost/model/generation.h"
 #include "mmpost/model/qwen2_vl.h"
 
 #include <cstdlib>
@@ -37,23 +38,17 @@ Qwen2VL load_model(const std::filesystem::path& dir) {
   return model;
 }
 
-// Greedy decoding with the KV cache: the prompt once (M-RoPE positions, rope deltas kept), then
-// one token per step at its 1-D position + delta (HF generate with do_sample=False).
+// Greedy decoding through model::generate (KV cache: the prompt once with M-RoPE positions and
+// its rope deltas kept, then one token per step at its 1-D position + delta, as HF generate).
 torch::Tensor greedy(Qwen2VLImpl& model, const std::map<std::string, torch::Tensor>& io,
-                     int64_t n_new) {
-  torch::NoGradGuard no_grad;
-  KVCache cache;
-  auto mask = io.at("gen_attention_mask");
-  auto logits = model.forward(io.at("gen_input_ids"), io.at("pixel_values"),
-                              io.at("image_grid_thw"), mask, &cache);
-  std::vector<torch::Tensor> out;
-  for (int64_t i = 0; i < n_new; ++i) {
-    auto next = logits.select(1, logits.size(1) - 1).argmax(-1, /*keepdim=*/true);  // [B, 1]
-    out.push_back(next);
-    mask = torch::cat({mask, torch::ones_like(next)}, 1);
-    logits = model.forward(next, {}, {}, mask, &cache);
-  }
-  return torch::cat(out, 1);
+                     int64_t n_new, bool use_cache = true) {
+  GenerationConfig g;
+  g.max_new_tokens = n_new;
+  g.temperature = 0;
+  g.eos_token_ids = {};
+  return generate(model, io.at("gen_input_ids"), io.at("gen_attention_mask"), io.at("pixel_values"),
+                  io.at("image_grid_thw"), g, use_cache)
+      .sequences;
 }
 
 void check_fixture(const std::string& name) {
@@ -83,6 +78,8 @@ void check_fixture(const std::string& name) {
   auto tokens = greedy(*model, io, io.at("gen_tokens").size(1));
   INFO("mmpost " << tokens << "\nHF " << io.at("gen_tokens"));
   CHECK(torch::equal(tokens, io.at("gen_tokens")));
+  // Recomputing the whole sequence each step (M-RoPE over prompt + generated text) agrees.
+  CHECK(torch::equal(greedy(*model, io, io.at("gen_tokens").size(1), /*use_cache=*/false), tokens));
 }
 
 }  // namespace

@@ -131,9 +131,9 @@ torch::Tensor select_next_token(const torch::Tensor& logits, const GenerationCon
   return next.squeeze(-1).to(logits.device());
 }
 
-GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
-                          const torch::Tensor& attention_mask, const torch::Tensor& pixel_values,
-                          const GenerationConfig& cfg, bool use_cache) {
+GenerationOutput generate(const DecoderSteps& model, const torch::Tensor& input_ids,
+                          const torch::Tensor& attention_mask, const GenerationConfig& cfg,
+                          bool use_cache) {
   MMPOST_CHECK_USAGE(cfg.max_new_tokens > 0, "generation: max_new_tokens must be positive, got ",
                      cfg.max_new_tokens);
   MMPOST_CHECK_USAGE(cfg.top_p > 0.0 && cfg.top_p <= 1.0,
@@ -154,13 +154,12 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
                            torch::dtype(torch::kInt64).device(device));
   auto ones = torch::ones({B, 1}, attention_mask.options());
 
-  const int64_t image_id = model->config().image_token_index;
-  auto image_id_t = torch::tensor({image_id}, torch::dtype(torch::kInt64).device(device));
+  torch::Tensor banned;  // never_generate's ids inside the vocabulary (set at step 0)
   const double neg_inf = -std::numeric_limits<double>::infinity();
   KVCache cache;
   auto mask = attention_mask;
   auto ids = input_ids;  // prompt + generated so far (for use_cache = false)
-  auto hidden = model->forward_hidden(input_ids, pixel_values, mask, use_cache ? &cache : nullptr);
+  auto hidden = model.prompt_hidden(input_ids, mask, use_cache ? &cache : nullptr);
   auto finished = torch::zeros({B}, torch::dtype(torch::kBool).device(device));
   auto reason = torch::full({B}, static_cast<int64_t>(FinishReason::kLength),
                             torch::dtype(torch::kInt64).device(device));
@@ -168,11 +167,16 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
   StopTracker stops(cfg, B);
   std::vector<torch::Tensor> tokens, logps;
   for (int64_t step = 0; step < cfg.max_new_tokens; ++step) {
-    auto logits = model->logits(hidden.select(/*dim=*/1, /*index=*/-1));  // [B, V] float32
-    // The image placeholder is never a valid output: fed back it would be spliced as an image.
-    auto allowed = image_id < logits.size(-1)
-                       ? logits.index_fill(/*dim=*/-1, image_id_t, neg_inf)
-                       : logits;
+    auto logits = model.logits(hidden.select(/*dim=*/1, /*index=*/-1));  // [B, V] float32
+    // Image placeholders are never valid outputs: fed back they would be spliced as images.
+    if (!banned.defined()) {
+      std::vector<int64_t> ids_in_vocab;
+      for (int64_t id : model.never_generate) {
+        if (id >= 0 && id < logits.size(-1)) ids_in_vocab.push_back(id);
+      }
+      banned = torch::tensor(ids_in_vocab, torch::dtype(torch::kInt64).device(device));
+    }
+    auto allowed = banned.numel() > 0 ? logits.index_fill(/*dim=*/-1, banned, neg_inf) : logits;
     auto next = select_next_token(allowed, cfg, generator, &row_generators);  // [B]
     auto logp = logits.log_softmax(/*dim=*/-1).gather(/*dim=*/-1, next.unsqueeze(-1)).squeeze(-1);
     next = next.masked_fill(finished, cfg.pad_token_id);
@@ -188,10 +192,10 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
     if (finished.all().item<bool>() || step + 1 == cfg.max_new_tokens) break;
     mask = torch::cat({mask, ones}, /*dim=*/1);
     if (use_cache) {
-      hidden = model->forward_hidden(next.unsqueeze(1), /*pixel_values=*/{}, mask, &cache);
+      hidden = model.step_hidden(next.unsqueeze(1), mask, &cache);
     } else {
       ids = torch::cat({ids, next.unsqueeze(1)}, /*dim=*/1);
-      hidden = model->forward_hidden(ids, pixel_values, mask);
+      hidden = model.prompt_hidden(ids, mask, nullptr);
     }
   }
   GenerationOutput out;
@@ -201,6 +205,39 @@ GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
   out.finish_reason = reason;
   out.truncated = reason == static_cast<int64_t>(FinishReason::kLength);
   return out;
+}
+
+GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
+                          const torch::Tensor& attention_mask, const torch::Tensor& pixel_values,
+                          const GenerationConfig& cfg, bool use_cache) {
+  DecoderSteps steps;
+  steps.prompt_hidden = [&](const torch::Tensor& ids, const torch::Tensor& mask, KVCache* cache) {
+    return model->forward_hidden(ids, pixel_values, mask, cache);
+  };
+  steps.step_hidden = [&](const torch::Tensor& ids, const torch::Tensor& mask, KVCache* cache) {
+    return model->forward_hidden(ids, /*pixel_values=*/{}, mask, cache);
+  };
+  steps.logits = [&](const torch::Tensor& hidden) { return model->logits(hidden); };
+  steps.never_generate = {model->config().image_token_index};
+  return generate(steps, input_ids, attention_mask, cfg, use_cache);
+}
+
+GenerationOutput generate(Qwen2VLImpl& model, const torch::Tensor& input_ids,
+                          const torch::Tensor& attention_mask, const torch::Tensor& pixel_values,
+                          const torch::Tensor& image_grid_thw, const GenerationConfig& cfg,
+                          bool use_cache) {
+  DecoderSteps steps;
+  steps.prompt_hidden = [&](const torch::Tensor& ids, const torch::Tensor& mask, KVCache* cache) {
+    return model.forward_hidden(ids, pixel_values, image_grid_thw, mask, cache);
+  };
+  steps.step_hidden = [&](const torch::Tensor& ids, const torch::Tensor& mask, KVCache* cache) {
+    return model.forward_hidden(ids, {}, {}, mask, cache);
+  };
+  steps.logits = [&](const torch::Tensor& hidden) { return model.logits(hidden); };
+  const auto& c = model.config();
+  steps.never_generate = {c.image_token_id, c.video_token_id, c.vision_start_token_id,
+                          c.vision_end_token_id};
+  return generate(steps, input_ids, attention_mask, cfg, use_cache);
 }
 
 }  // namespace mmpost::model

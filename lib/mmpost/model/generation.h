@@ -5,6 +5,7 @@
 // per prompt for GRPO/RLOO.
 #pragma once
 
+#include "mmpost/model/qwen2_vl.h"
 #include "mmpost/model/vlm.h"
 
 #include <torch/torch.h>
@@ -65,6 +66,30 @@ struct GenerationOutput {
 GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
                           const torch::Tensor& attention_mask, const torch::Tensor& pixel_values,
                           const GenerationConfig& cfg, bool use_cache = true);
+
+/// As above for Qwen2-VL / Qwen2.5-VL: images as the processor's pixel_values [L, D] with
+/// image_grid_thw [N, 3]; M-RoPE positions from the prompt, later tokens at their 1-D position +
+/// the prompt's rope delta (HF generate). <|image_pad|>, <|video_pad|>, <|vision_start|> and
+/// <|vision_end|> are never generated.
+GenerationOutput generate(Qwen2VLImpl& model, const torch::Tensor& input_ids,
+                          const torch::Tensor& attention_mask, const torch::Tensor& pixel_values,
+                          const torch::Tensor& image_grid_thw, const GenerationConfig& cfg,
+                          bool use_cache = true);
+
+/// What the decoding loop needs from a model: hidden states [B, T, C] of a prompt (with its
+/// images; cache null = recompute without one) and of one new token per row against the cache,
+/// the LM head (hidden [B, C] -> logits [B, V] float32), and token ids never to generate.
+struct DecoderSteps {
+  std::function<torch::Tensor(const torch::Tensor& ids, const torch::Tensor& mask, KVCache*)>
+      prompt_hidden, step_hidden;
+  std::function<torch::Tensor(const torch::Tensor& hidden)> logits;
+  std::vector<int64_t> never_generate;
+};
+
+/// The decoding loop behind both generate overloads (same arguments and semantics).
+GenerationOutput generate(const DecoderSteps& model, const torch::Tensor& input_ids,
+                          const torch::Tensor& attention_mask, const GenerationConfig& cfg,
+                          bool use_cache = true);
 
 /// A prompt batch with every sample repeated G times (see repeat_interleave_batch).
 struct RepeatedBatch {
