@@ -53,6 +53,17 @@ struct TempDir {
 };
 
 /// The bytes of a file as a string ("" if it cannot be opened).
+/// tests/golden/fixtures/ of the source tree.
+inline const std::filesystem::path kGoldenFixtures =
+    std::filesystem::path(MMPOST_SOURCE_DIR) / "tests/golden/fixtures";
+
+/// Parses a JSON file (the test fails via the exception when it cannot).
+inline nlohmann::json read_json_file(const std::filesystem::path& file) {
+  std::ifstream f(file);
+  if (!f.good()) throw std::runtime_error(file.string() + ": cannot open");
+  return nlohmann::json::parse(f);
+}
+
 inline std::string read_all(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
   std::ostringstream ss;

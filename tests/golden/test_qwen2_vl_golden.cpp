@@ -21,17 +21,11 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const std::filesystem::path kFixtures =
-    std::filesystem::path(MMPOST_SOURCE_DIR) / "tests/golden/fixtures";
-
-nlohmann::json read_json(const std::filesystem::path& file) {
-  std::ifstream f(file);
-  REQUIRE(f.good());
-  return nlohmann::json::parse(f);
-}
+const std::filesystem::path& kFixtures = mmpost::testing::kGoldenFixtures;
+using mmpost::testing::read_json_file;
 
 Qwen2VL load_model(const std::filesystem::path& dir) {
-  auto model = build_qwen2_vl(qwen2_vl_config_from_json(read_json(dir / "config.json")));
+  auto model = build_qwen2_vl(qwen2_vl_config_from_json(read_json_file(dir / "config.json")));
   load_qwen2_vl_weights(*model, mmpost::io::load_safetensors(dir),
                         (dir / "model.safetensors").string());
   model->eval();
@@ -97,8 +91,8 @@ TEST_CASE("Qwen2.5-VL with window attention matches transformers (logits positio
 
 TEST_CASE("Qwen2-VL hub flat config.json loads to the same model as the nested one",
           "[golden][qwen2vl]") {
-  auto nested = qwen2_vl_config_from_json(read_json(kFixtures / "qwen2_vl_tiny/config.json"));
-  auto flat = qwen2_vl_config_from_json(read_json(kFixtures / "qwen2_vl_tiny_flat/config.json"));
+  auto nested = qwen2_vl_config_from_json(read_json_file(kFixtures / "qwen2_vl_tiny/config.json"));
+  auto flat = qwen2_vl_config_from_json(read_json_file(kFixtures / "qwen2_vl_tiny_flat/config.json"));
   CHECK(qwen2_vl_config_to_json(nested) == qwen2_vl_config_to_json(flat));
   CHECK(flat.text_config.mrope_section == std::vector<int64_t>{2, 3, 3});
   CHECK(flat.text_config.qkv_bias);

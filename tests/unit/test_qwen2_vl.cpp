@@ -2,6 +2,7 @@
 // M-RoPE positions on issue 14's example sequence, M-RoPE tables against 1-D rotary tables,
 // Qwen2.5-VL's window layout, and config.json refusals that name the field.
 #include "catch.h"
+#include "test_util.h"
 
 #include "mmpost/model/blocks.h"
 #include "mmpost/model/qwen2_vl.h"
@@ -14,14 +15,8 @@ using namespace mmpost::model;
 
 namespace {
 
-const std::filesystem::path kFixtures =
-    std::filesystem::path(MMPOST_SOURCE_DIR) / "tests/golden/fixtures";
-
-nlohmann::json read_json(const std::filesystem::path& file) {
-  std::ifstream f(file);
-  REQUIRE(f.good());
-  return nlohmann::json::parse(f);
-}
+const std::filesystem::path& kFixtures = mmpost::testing::kGoldenFixtures;
+using mmpost::testing::read_json_file;
 
 }  // namespace
 
@@ -93,7 +88,7 @@ TEST_CASE("Qwen2.5-VL window index matches the reference layout", "[unit][qwen2v
 }
 
 TEST_CASE("Qwen2-VL config refusals name the field", "[unit][qwen2vl]") {
-  auto j = read_json(kFixtures / "qwen2_vl_tiny/config.json");
+  auto j = read_json_file(kFixtures / "qwen2_vl_tiny/config.json");
   auto bad = j;
   bad["text_config"]["rope_parameters"]["mrope_section"] = {2, 3, 4};
   CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad), Catch::Contains("mrope_section"));
@@ -104,7 +99,7 @@ TEST_CASE("Qwen2-VL config refusals name the field", "[unit][qwen2vl]") {
   bad = j;
   bad["text_config"]["use_sliding_window"] = true;
   CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad), Catch::Contains("use_sliding_window"));
-  auto j25 = read_json(kFixtures / "qwen2_5_vl_tiny/config.json");
+  auto j25 = read_json_file(kFixtures / "qwen2_5_vl_tiny/config.json");
   bad = j25;
   bad["vision_config"]["fullatt_block_indexes"] = {1, 3};
   CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad),
