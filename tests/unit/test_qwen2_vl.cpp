@@ -109,3 +109,11 @@ TEST_CASE("Qwen2-VL config refusals name the field", "[unit][qwen2vl]") {
   CHECK_THROWS_WITH(qwen2_vl_config_from_json(bad), Catch::Contains("must equal text_config.hidden_size"));
 }
 
+
+TEST_CASE("a Qwen2-VL folder given to a LLaVA stage is refused with what works and what does not",
+          "[unit][qwen2vl]") {
+  auto j = read_json_file(kFixtures / "qwen2_5_vl_tiny/config.json");
+  CHECK_THROWS_WITH(vlm_config_from_json(j),
+                    Catch::Contains("model_type \"qwen2_5_vl\" is the Qwen2-VL family") &&
+                        Catch::Contains("stages take LLaVA folders only so far"));
+}

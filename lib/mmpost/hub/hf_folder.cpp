@@ -34,8 +34,10 @@ model::VlmConfig read_model_config(const fs::path& dir) {
   nlohmann::json j = read_json(cfg_path);
   try {
     return model::vlm_config_from_json(j);
-  } catch (const Error& e) {
-    throw Error(e.kind(), cfg_path.string() + ": " + e.message(), e.hint());
+  } catch (const Error& e) {  // "config.json: PATH: why" -> "DIR/config.json: PATH: why"
+    std::string m = e.message();
+    if (m.rfind("config.json: ", 0) == 0) m = m.substr(13);
+    throw Error(e.kind(), cfg_path.string() + ": " + m, e.hint());
   }
 }
 

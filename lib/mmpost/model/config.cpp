@@ -3,6 +3,7 @@
 // use_cache, ...) are ignored on read, and anything we do not implement is refused by name.
 #include "mmpost/model/config.h"
 #include "mmpost/model/config_json.h"
+#include "mmpost/model/qwen2_vl_config.h"
 
 #include "mmpost/config/schema.h"
 #include "mmpost/core/check.h"
@@ -273,6 +274,11 @@ VlmConfig vlm_config_from_json(const json& j, const std::string& where) {
     }
   }
   MMPOST_CHECK_USAGE(j.is_object(), "config.json: expected a JSON object");
+  MMPOST_CHECK_USAGE(!is_qwen2_vl_config(j), "config.json: model_type \"",
+                     j.value("model_type", ""), "\" is the Qwen2-VL family: mmpost loads and runs "
+                     "it (model::Qwen2VL, at parity with transformers) but its stages take LLaVA "
+                     "folders only so far",
+                     "\n  hint: README.md, \"The Qwen2-VL family (in progress)\"");
   check_model_type(j, "(top level)", "llava");
   check_keys(j, kTopKeys, "");
   VlmConfig c;
