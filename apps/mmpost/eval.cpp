@@ -59,6 +59,9 @@ int run_preference_eval(const EvalArgs& a, hub::Pretrained& p, data::SampleConte
   MMPOST_CHECK_USAGE(a.beta > 0, "--beta: must be > 0, got ", a.beta);
   MMPOST_CHECK_USAGE(a.rewards.empty(), "--reward applies to prompt data; ", a.data,
                      " holds preference pairs");
+  MMPOST_CHECK_USAGE(!p.model->is_qwen2_vl(), a.model_dir,
+                     " is a Qwen2-VL family model: preference evaluation does not run them yet",
+                     "\n  hint: --metric exact_match and perplexity do");
   model::Vlm ref{nullptr};
   if (!a.ref_model.empty()) {
     ref = hub::load_pretrained(a.ref_model).model;
@@ -117,20 +120,15 @@ int run_eval(EvalArgs a) {
 
   // ---- model -------------------------------------------------------------------------------
   auto p = hub::load_pretrained(a.model_dir);
-  MMPOST_CHECK_USAGE(!p.tokenizer_path.empty(), a.model_dir,
-                     ": no tokenizer.model or tokenizer.json in the folder");
-  const auto tokenizer_ptr = hub::load_tokenizer(p.tokenizer_path);
+  const auto tokenizer_ptr = load_folder_tokenizer(*p.model, p.tokenizer_path, a.model_dir);
   data::Tokenizer& tokenizer = *tokenizer_ptr;
-  tokenizer.add_special_token(data::kImagePlaceholder, p.config.image_token_index);
   p.model->to(device, dtype);
   p.model->eval();
 
   // ---- data + loop -------------------------------------------------------------------------
   data::SampleContext ctx;
   ctx.tokenizer = &tokenizer;
-  ctx.template_options = {data::resolve_chat_template(a.chat_template, tokenizer),
-                          p.config.image_token_index,
-                          p.config.n_image_tokens(), true};
+  ctx.template_options = template_options_for(*p.model, tokenizer, a.chat_template, true);
   ctx.image = p.image;
   ctx.max_length = a.max_length;
   if (is_preference_file(a.data)) {

@@ -150,20 +150,15 @@ int run_generate(GenerateArgs a) {
 
   // ---- model -------------------------------------------------------------------------------
   auto p = hub::load_pretrained(a.model_dir);
-  MMPOST_CHECK_USAGE(!p.tokenizer_path.empty(), a.model_dir,
-                     ": no tokenizer.model or tokenizer.json in the folder");
-  const auto tokenizer_ptr = hub::load_tokenizer(p.tokenizer_path);
+  const auto tokenizer_ptr = load_folder_tokenizer(*p.model, p.tokenizer_path, a.model_dir);
   data::Tokenizer& tokenizer = *tokenizer_ptr;
-  tokenizer.add_special_token(data::kImagePlaceholder, p.config.image_token_index);
   p.model->to(device, dtype);
   p.model->eval();
 
   // ---- data --------------------------------------------------------------------------------
   data::SampleContext ctx;
   ctx.tokenizer = &tokenizer;
-  ctx.template_options = {data::resolve_chat_template(a.chat_template, tokenizer),
-                          p.config.image_token_index,
-                          p.config.n_image_tokens(), true};
+  ctx.template_options = template_options_for(*p.model, tokenizer, a.chat_template, true);
   ctx.image = p.image;
   ctx.max_length = a.max_length;
   ctx.source = io::display_name(a.data);
@@ -223,11 +218,14 @@ int run_generate(GenerateArgs a) {
       std::vector<int64_t> image_counts;
       for (const auto& q : *prompts) {
         samples.push_back(q.sample);
-        image_counts.push_back(q.sample.pixel_values.defined() ? q.sample.pixel_values.size(0) : 0);
+        image_counts.push_back(q.sample.image_grid_thw.defined() ? q.sample.image_grid_thw.size(0)
+                               : q.sample.pixel_values.defined() ? q.sample.pixel_values.size(0)
+                                                                 : 0);
       }
       auto batch = data::collate_prompts(samples, gen.pad_token_id).to(device, dtype);
       auto rep = model::repeat_interleave_batch(batch.input_ids, batch.attention_mask,
-                                                batch.pixel_values, image_counts, G);  // [B*G, T]
+                                                {batch.pixel_values, batch.image_grid_thw},
+                                                image_counts, G);  // [B*G, T]
       // One seed per completion, from (seed, prompt line, sample) only: reruns with the same flags
       // repeat, whatever the batch size or the number of ranks.
       gen.row_seeds.clear();
@@ -236,7 +234,8 @@ int run_generate(GenerateArgs a) {
           gen.row_seeds.push_back(data::sample_seed(static_cast<uint64_t>(a.seed), q.sample.line, g));
         }
       }
-      auto out = model::generate(p.model, rep.input_ids, rep.attention_mask, rep.pixel_values, gen);
+      auto out = model::generate(p.model, rep.input_ids, rep.attention_mask,
+                                 {rep.pixel_values, rep.image_grid_thw}, gen);
       auto seqs_t = out.sequences.cpu();
       auto lens_t = out.lengths.cpu();
       auto reason_t = out.finish_reason.cpu();

@@ -137,10 +137,12 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
       const auto& b = micro[k];
       torch::Tensor loss;
       if (cfg.train.logits_chunk_size == 0) {  // whole logits, as transformers' ForCausalLMLoss
-        auto logits = model->forward(b.input_ids, b.pixel_values, b.attention_mask);  // [B, T, V]
+        auto logits = model->forward(b.input_ids, {b.pixel_values, b.image_grid_thw},
+                                     b.attention_mask);  // [B, T, V]
         loss = algo::sft_loss_sum(logits, b.labels) / global_targets;
       } else {  // supervised tokens only, through the head a chunk at a time
-        auto hidden = model->forward_hidden(b.input_ids, b.pixel_values, b.attention_mask);
+        auto hidden = model->forward_hidden(b.input_ids, {b.pixel_values, b.image_grid_thw},
+                                            b.attention_mask);
         auto weight = model->language_model->output_weight();
         loss = algo::sft_loss_sum_from_hidden(
                    hidden, weight, b.labels,

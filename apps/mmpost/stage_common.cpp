@@ -12,6 +12,7 @@
 #include "mmpost/core/log.h"
 #include "mmpost/data/chat_template.h"
 #include "mmpost/hub/hf_folder.h"
+#include "mmpost/hub/qwen2_vl_folder.h"
 
 namespace mmpost::cli {
 namespace fs = std::filesystem;
@@ -24,12 +25,9 @@ std::string fmt(double v, int prec) {
 
 void freeze_parts(model::Vlm& m, const std::vector<std::string>& parts) {
   for (const auto& part : parts) {
-    torch::nn::Module* mod = nullptr;
-    if (part == "vision_tower") mod = m->vision_tower.ptr().get();
-    if (part == "projector") mod = m->multi_modal_projector.ptr().get();
-    if (part == "language_model") mod = m->language_model.ptr().get();
-    MMPOST_CHECK_USAGE(mod != nullptr, "model.freeze: unknown part \"", part, "\"");
-    for (auto& p : mod->parameters()) p.set_requires_grad(false);
+    for (auto* mod : model::model_part(*m, part)) {
+      for (auto& p : mod->parameters()) p.set_requires_grad(false);
+    }
   }
 }
 
@@ -195,8 +193,20 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   if (ckpt || !m.path.empty()) {
     sm.source = ckpt ? *ckpt : fs::path(m.path);
     log_info(stage + ": loading model from " + sm.source.string());
-    check_memory_fits(hub::read_model_config(sm.source), memory_view(m, lora), device, dtype,
-                      (sm.source / "config.json").string(), available_host_memory_bytes());
+    const bool qwen = hub::is_qwen2_vl_folder(sm.source);
+    MMPOST_CHECK_USAGE(!qwen || stage == "sft", stage, ": ", sm.source.string(),
+                       " is a Qwen2-VL family model; of the training stages only sft runs "
+                       "them so far (eval and generate do too)",
+                       "\n  hint: dpo, rm and rlhf support LLaVA-style models (mmpost init)");
+    MMPOST_CHECK_USAGE(!(qwen && lora.r > 0), "lora.r: LoRA on Qwen2-VL family models is not "
+                       "supported yet (", sm.source.string(), ")",
+                       "\n  hint: set lora.r to 0 for full fine-tuning, or freeze parts with "
+                       "model.freeze");
+    // LLaVA: the size is checked from config.json before anything is allocated.
+    if (!qwen) {
+      check_memory_fits(hub::read_model_config(sm.source), memory_view(m, lora), device, dtype,
+                        (sm.source / "config.json").string(), available_host_memory_bytes());
+    }
     if (ckpt) check_lora_resume(*ckpt, lora);
     // Resuming a LoRA run: the checkpoint's adapter goes into the new adapters below, unmerged.
     auto p = hub::load_pretrained(sm.source, /*merge_adapter=*/!(ckpt && lora.r > 0));
@@ -219,6 +229,7 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
       note("image_std", img.image_std != d.image_std, img.image_std != p.image.image_std);
       sm.image = p.image;
     }
+    sm.image.qwen = p.image.qwen;
   } else {
     const auto c = model::vlm_config_from_json(m.config, "model.config");
     check_memory_fits(c, memory_view(m, lora), device, dtype, "model.config",
@@ -232,13 +243,10 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
   MMPOST_CHECK_USAGE(!sm.tokenizer_path.empty(),
                      "model.tokenizer: no tokenizer.model or tokenizer.json found",
                      "\n  hint: set model.tokenizer to a sentencepiece model or a tokenizer.json");
-  // The files beside it (tokenizer_config.json, tokenizer.json's added tokens, the chat
-  // template) belong to it, e.g. llava-hf's <image> 32000, SmolLM2's <|im_end|> EOS.
-  sm.tokenizer = hub::load_tokenizer(sm.tokenizer_path);
+  sm.tokenizer = load_folder_tokenizer(*sm.model, sm.tokenizer_path, sm.source.string());
   if (!sm.tokenizer->normalizer_note().empty()) {
     log_warn(sm.tokenizer_path.string() + ": " + sm.tokenizer->normalizer_note());
   }
-  sm.tokenizer->add_special_token(data::kImagePlaceholder, mcfg.image_token_index);
   MMPOST_CHECK_USAGE(sm.tokenizer->vocab_size() <= mcfg.text_config.vocab_size, "tokenizer ",
                      sm.tokenizer_path.string(), " has ", sm.tokenizer->vocab_size(),
                      " ids but text_config.vocab_size is ", mcfg.text_config.vocab_size);
@@ -306,14 +314,43 @@ data::SampleContext make_sample_context(const StageModel& sm, const config::Data
   const auto& mcfg = sm.model->config();
   data::SampleContext ctx;
   ctx.tokenizer = sm.tokenizer.get();
-  ctx.template_options = {data::resolve_chat_template(data.chat_template, *sm.tokenizer),
-                          mcfg.image_token_index,
-                          mcfg.n_image_tokens(), false};
+  ctx.template_options = template_options_for(*sm.model, *sm.tokenizer, data.chat_template, false);
   ctx.image = sm.image;
   ctx.base_dir = fs::path(path).parent_path();
   ctx.source = path;
   ctx.max_length = data.max_length;
   return ctx;
+}
+
+data::TemplateOptions template_options_for(const model::VlmImpl& m, const data::Tokenizer& tok,
+                                           const std::string& chat_template,
+                                           bool add_generation_prompt) {
+  const bool qwen = m.is_qwen2_vl();
+  data::TemplateOptions o;
+  // A Qwen2-VL folder whose tokenizer carries no chat template is still a Qwen2-VL model.
+  o.chat_template = qwen && chat_template == "auto" && tok.chat_template().empty()
+                        ? data::ChatTemplate::kQwen2Vl
+                        : data::resolve_chat_template(chat_template, tok);
+  o.image_token_id = m.config().image_token_index;
+  o.n_image_tokens = qwen ? 0 : m.config().n_image_tokens();
+  if (qwen) o.image_text = "<|image_pad|>";
+  o.add_generation_prompt = add_generation_prompt;
+  return o;
+}
+
+std::unique_ptr<data::Tokenizer> load_folder_tokenizer(const model::VlmImpl& m,
+                                                       const fs::path& tokenizer_path,
+                                                       const std::string& dir) {
+  MMPOST_CHECK_USAGE(!tokenizer_path.empty(), dir,
+                     ": no tokenizer.model or tokenizer.json in the folder",
+                     "\n  hint: set model.tokenizer to a sentencepiece model or a tokenizer.json");
+  // The files beside it (tokenizer_config.json, tokenizer.json's added tokens, the chat
+  // template) belong to it, e.g. llava-hf's <image> 32000, SmolLM2's <|im_end|> EOS.
+  auto tok = hub::load_tokenizer(tokenizer_path);
+  // LLaVA's <image> is a token of its own; the Qwen2-VL family's template writes
+  // <|image_pad|>, which its tokenizer already has.
+  if (!m.is_qwen2_vl()) tok->add_special_token(data::kImagePlaceholder, m.config().image_token_index);
+  return tok;
 }
 
 std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageModel& sm) {

@@ -131,6 +131,21 @@ struct DataParallelContext {
 DataParallelContext join_process_group(const std::string& device, double timeout_s,
                                        const std::string& command);
 
+/// Template options for `m`: the chat template (`chat_template` "auto": the tokenizer's; a
+/// Qwen2-VL model whose tokenizer has none: qwen2_vl), the image token id, and per image
+/// config.n_image_tokens() ids (LLaVA) or the image's own count of <|image_pad|> (Qwen2-VL).
+/// Throws Error(kUsage) for an unknown or unrecognised template.
+data::TemplateOptions template_options_for(const model::VlmImpl& m, const data::Tokenizer& tok,
+                                           const std::string& chat_template,
+                                           bool add_generation_prompt);
+
+/// The tokenizer of a loaded folder `dir` for `m`: LLaVA gets <image> as its image token;
+/// Qwen2-VL tokenizers already hold <|image_pad|>. Throws Error(kUsage) when the folder has no
+/// tokenizer.model / tokenizer.json.
+std::unique_ptr<data::Tokenizer> load_folder_tokenizer(const model::VlmImpl& m,
+                                                       const std::filesystem::path& tokenizer_path,
+                                                       const std::string& dir);
+
 /// Pad id for collation: the tokenizer's pad, else EOS.
 int64_t pad_id_of(const data::Tokenizer& tok);
 

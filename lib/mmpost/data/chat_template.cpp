@@ -238,7 +238,7 @@ ChatTemplate resolve_chat_template(const std::string& setting, const Tokenizer& 
 EncodedConversation encode_conversation(const std::vector<Message>& messages,
                                         const Tokenizer& tokenizer, const TemplateOptions& opts) {
   const auto segs = segments(opts.chat_template, messages, opts.add_generation_prompt,
-                             kImagePlaceholder);
+                             opts.image_text);
   EncodedConversation out;
   // A template that writes BOS itself (Llama-3) gets no second one; transformers' processors
   // tokenize such text without special tokens the same way.
@@ -258,10 +258,17 @@ EncodedConversation encode_conversation(const std::vector<Message>& messages,
     }
     for (int64_t id : ids) {
       if (id == opts.image_token_id) {
-        // Expand one placeholder into n_image_tokens ids; never supervised.
+        // Expand one placeholder into its image's token count; never supervised.
+        int64_t n = opts.n_image_tokens;
+        if (!opts.image_token_counts.empty()) {
+          MMPOST_CHECK_DATA(out.n_images < static_cast<int64_t>(opts.image_token_counts.size()),
+                            "the conversation has more image placeholders than the ",
+                            opts.image_token_counts.size(), " images given");
+          n = opts.image_token_counts[out.n_images];
+        }
         ++out.n_images;
-        out.input_ids.insert(out.input_ids.end(), opts.n_image_tokens, id);
-        out.labels.insert(out.labels.end(), opts.n_image_tokens, algo::kIgnoreIndex);
+        out.input_ids.insert(out.input_ids.end(), n, id);
+        out.labels.insert(out.labels.end(), n, algo::kIgnoreIndex);
         continue;
       }
       out.input_ids.push_back(id);

@@ -61,6 +61,12 @@ struct TemplateOptions {
   int64_t image_token_id = -1;    // id that <image> maps to (the model's image_token_index)
   int64_t n_image_tokens = 1;     // features per image (vision patches, +1 with "full")
   bool add_generation_prompt = false;  // append the assistant marker ("ASSISTANT:") at the end
+  /// The text the template writes for an image, which the tokenizer maps to image_token_id:
+  /// "<image>" (LLaVA), "<|image_pad|>" (Qwen2-VL family checkpoints).
+  std::string image_text = kImagePlaceholder;
+  /// Per-image token counts (Qwen2-VL: t * h * w / merge^2 of each image's grid, in order);
+  /// when not empty it replaces n_image_tokens and must have one entry per image.
+  std::vector<int64_t> image_token_counts;
 };
 
 /// Builds ids turn by turn: [BOS] (when the tokenizer adds one and the template does not write

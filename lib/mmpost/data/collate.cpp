@@ -42,6 +42,15 @@ torch::Tensor stack_images(const std::vector<SftSample>& samples) {
   }
   return pix.empty() ? torch::Tensor() : torch::cat(pix, /*dim=*/0);
 }
+
+// Qwen2-VL: the samples' image_grid_thw rows in order, [N, 3] (undefined without any).
+torch::Tensor stack_grids(const std::vector<SftSample>& samples) {
+  std::vector<torch::Tensor> grids;
+  for (const auto& s : samples) {
+    if (s.image_grid_thw.defined() && s.image_grid_thw.size(0) > 0) grids.push_back(s.image_grid_thw);
+  }
+  return grids.empty() ? torch::Tensor() : torch::cat(grids, /*dim=*/0);
+}
 }  // namespace
 
 Batch Batch::to(const torch::Device& device, torch::Dtype pixel_dtype) const {
@@ -50,6 +59,7 @@ Batch Batch::to(const torch::Device& device, torch::Dtype pixel_dtype) const {
   b.attention_mask = attention_mask.to(device);
   b.labels = labels.to(device);
   if (pixel_values.defined()) b.pixel_values = pixel_values.to(device, pixel_dtype);
+  if (image_grid_thw.defined()) b.image_grid_thw = image_grid_thw.to(device);
   return b;
 }
 
@@ -62,6 +72,7 @@ Batch collate(const std::vector<SftSample>& samples, int64_t pad_id, bool left_p
   }
   Batch out = pad_rows(ids, labels, pad_id, left_pad);
   out.pixel_values = stack_images(samples);
+  out.image_grid_thw = stack_grids(samples);
   for (const auto& s : samples) out.ids.push_back(s.id);
   return out;
 }
@@ -77,6 +88,7 @@ Batch collate_prompts(const std::vector<SftSample>& samples, int64_t pad_id) {
   }
   Batch out = pad_rows(ids, labels, pad_id, /*left_pad=*/true);
   out.pixel_values = stack_images(samples);
+  out.image_grid_thw = stack_grids(samples);
   for (const auto& s : samples) out.ids.push_back(s.id);
   return out;
 }

@@ -17,6 +17,8 @@ struct Batch {
   torch::Tensor attention_mask;  // [B, T] int64, 1 = token, 0 = padding
   torch::Tensor labels;          // [B, T] int64, algo::kIgnoreIndex on padding and unsupervised
   torch::Tensor pixel_values;    // [N, 3, H, W] float32, images of all samples in order; may be undefined
+                                 // (Qwen2-VL: [sum of patches, D], concatenated in order)
+  torch::Tensor image_grid_thw;  // Qwen2-VL: [N, 3] int64, one row per image in order; else undefined
   std::vector<std::string> ids;  // sample ids
   int64_t n_supervised = 0;      // labels != algo::kIgnoreIndex (before the causal shift)
   int64_t n_tokens = 0;          // attention_mask.sum()

@@ -8,7 +8,10 @@
 #include <opencv2/core.hpp>
 #include <torch/torch.h>
 
+#include "mmpost/data/qwen2_vl_image.h"
+
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +44,9 @@ struct ImageProcessorConfig {
   double rescale_factor = 1.0 / 255.0;  // HF "rescale_factor"
   /// data.image.max_pixels: the largest width x height decoded (0: no limit); not an HF field.
   int64_t max_pixels = kDefaultMaxPixels;
+  /// Qwen2-VL family models: their Qwen2VLImageProcessor settings (dynamic resolution, one
+  /// token count per image); when set, the LLaVA fields above except max_pixels are unused.
+  std::optional<Qwen2VLImageConfig> qwen;
 };
 
 /// What the header of a JPEG or PNG file says (format "" and width -1 for other formats).

@@ -1,6 +1,10 @@
 // SFT record parsing and preprocessing (see sft_dataset.h).
 #include "mmpost/data/sft_dataset.h"
 
+#include <fstream>
+#include <iterator>
+#include <tuple>
+
 #include <algorithm>
 
 #include "mmpost/core/check.h"
@@ -49,6 +53,51 @@ torch::Tensor load_sample_images(const std::vector<std::string>& images, const S
     }
   }
   return torch::stack(pix);  // [N, 3, H, W]
+}
+
+QwenSampleImages load_qwen2_vl_sample_images(const std::vector<std::string>& images,
+                                             const SampleContext& ctx, const std::string& where,
+                                             bool decode) {
+  QwenSampleImages out;
+  if (images.empty()) return out;
+  const auto& cfg = *ctx.image.qwen;
+  std::vector<cv::Mat> rgbs;
+  for (const auto& rel : images) {
+    std::filesystem::path p = rel;
+    if (p.is_relative()) p = ctx.base_dir / p;
+    try {
+      if (!decode) {
+        std::ifstream in(p, std::ios::binary);
+        MMPOST_CHECK_DATA(in.good(), p.string(), ": image file not found");
+        std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)),
+                                   std::istreambuf_iterator<char>());
+        const auto info = inspect_image_file(bytes, p.string());
+        if (info.width > 0) {
+          out.token_counts.push_back(qwen2_vl_image_tokens(info.height, info.width, cfg));
+          continue;
+        }
+      }
+      cv::Mat rgb = load_image_rgb(p.string(), ctx.image.max_pixels);
+      if (!decode) {
+        out.token_counts.push_back(qwen2_vl_image_tokens(rgb.rows, rgb.cols, cfg));
+        continue;
+      }
+      rgbs.push_back(rgb);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kData, where + ": " + e.message(), e.hint());
+    }
+  }
+  if (decode) {
+    try {
+      std::tie(out.pixel_values, out.image_grid_thw) = preprocess_qwen2_vl_images(rgbs, cfg);
+    } catch (const Error& e) {
+      throw Error(ErrorKind::kData, where + ": " + e.message(), e.hint());
+    }
+    const int64_t unit = cfg.merge_size * cfg.merge_size;
+    auto g = out.image_grid_thw.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < g.size(0); ++i) out.token_counts.push_back(g[i][0] * g[i][1] * g[i][2] / unit);
+  }
+  return out;
 }
 
 void check_image_files(const std::vector<std::string>& images, const SampleContext& ctx,
@@ -153,6 +202,11 @@ SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const Samp
 
   std::vector<Message> to_encode = s.messages;
   TemplateOptions opts = ctx.template_options;
+  QwenSampleImages qwen;
+  if (ctx.image.qwen) {  // images first: each one's grid decides its <|image_pad|> count
+    qwen = load_qwen2_vl_sample_images(images, ctx, where, ctx.load_images);
+    opts.image_token_counts = qwen.token_counts;
+  }
   if (prompt_only) {
     MMPOST_CHECK_DATA(to_encode.back().role == "assistant", where,
                       ": the last message must be the assistant reply to evaluate against");
@@ -180,8 +234,16 @@ SftSample make_sft_sample(const nlohmann::json& record, int64_t line, const Samp
   }
   s.input_ids = std::move(enc.input_ids);
   s.labels = std::move(enc.labels);
+  // A prompt supervises nothing: the replies of earlier turns are context, and collate_prompts
+  // reads a prompt up to its first supervised token.
+  if (prompt_only) std::fill(s.labels.begin(), s.labels.end(), algo::kIgnoreIndex);
 
-  if (ctx.load_images) s.pixel_values = load_sample_images(images, ctx, where, sample_seed);
+  if (ctx.image.qwen) {
+    s.pixel_values = qwen.pixel_values;
+    s.image_grid_thw = qwen.image_grid_thw;
+  } else if (ctx.load_images) {
+    s.pixel_values = load_sample_images(images, ctx, where, sample_seed);
+  }
   check_image_files(images, ctx, where);
   return s;
 }

@@ -14,6 +14,7 @@
 #include "mmpost/data/image.h"
 #include "mmpost/data/tokenizer.h"
 
+
 namespace mmpost::data {
 
 /// One preprocessed sample.
@@ -22,7 +23,9 @@ struct SftSample {
   int64_t line = 0;                  // physical line in the JSONL file (1-based)
   std::vector<int64_t> input_ids;    // [T]
   std::vector<int64_t> labels;       // [T], algo::kIgnoreIndex where unsupervised
-  torch::Tensor pixel_values;        // [N, 3, H, W] float32, N = images (undefined when N = 0)
+  torch::Tensor pixel_values;        // [N, 3, H, W] float32, N = images (undefined when N = 0);
+                                     // Qwen2-VL: [sum of patches, 3 * T * p * p]
+  torch::Tensor image_grid_thw;      // Qwen2-VL: [N, 3] int64 patches per image (else undefined)
   std::vector<Message> messages;     // the parsed conversation
   std::string reference;             // prompt_only: the final assistant reply (eval target)
   std::string answer;                // the record's "answer" field (string or number), if any
@@ -40,6 +43,18 @@ struct SampleContext {
   bool check_image_files = false;    // with load_images false: each image must exist (a file)
   int64_t random_shift = 0;          // training augmentation: max translation in pixels (0 = off)
 };
+
+/// Qwen2-VL images of one sample: pixel_values [sum of patches, D] and image_grid_thw [N, 3]
+/// (undefined when `decode` is false or N = 0), and each image's LLM token count. Without
+/// `decode` the counts come from the JPEG/PNG header's size (other formats are decoded).
+/// Throws Error(kData) "WHERE: ..." for a missing, corrupt or too elongated image.
+struct QwenSampleImages {
+  torch::Tensor pixel_values, image_grid_thw;
+  std::vector<int64_t> token_counts;
+};
+QwenSampleImages load_qwen2_vl_sample_images(const std::vector<std::string>& images,
+                                             const SampleContext& ctx, const std::string& where,
+                                             bool decode);
 
 /// Parses "messages" (string content, or HF content lists of {"type": "text"|"image"}).
 /// Throws Error(kData) "SOURCE:LINE: FIELD[i].role: ..." etc. (`field` names the JSON key).

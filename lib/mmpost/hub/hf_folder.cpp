@@ -1,5 +1,6 @@
 // HF model folder load/save (see hub/hf_folder.h).
 #include "mmpost/hub/hf_folder.h"
+#include "mmpost/hub/qwen2_vl_folder.h"
 
 #include <fstream>
 #include <set>
@@ -44,6 +45,17 @@ model::VlmConfig read_model_config(const fs::path& dir) {
 Pretrained load_pretrained(const fs::path& dir, bool merge_adapter) {
   const fs::path cfg_path = dir / "config.json";
   Pretrained p;
+  if (is_qwen2_vl_folder(dir)) {
+    MMPOST_CHECK_USAGE(!has_lora_adapter(dir), dir.string(),
+                       ": LoRA adapters on Qwen2-VL family models are not supported yet");
+    auto q = load_qwen2_vl_pretrained(dir);
+    p.model = model::Vlm(q.model);
+    p.config = p.model->config();
+    p.tokenizer_path = find_tokenizer(dir);
+    p.image.qwen = q.image;
+    p.has_processor_config = q.has_processor_config;
+    return p;
+  }
   p.config = read_model_config(dir);
   // Check the size before allocating: a config.json that lost its sub-configs falls back to HF's
   // LLaVA-7B defaults, which would allocate gigabytes before any shape check.
@@ -260,6 +272,16 @@ void save_bpe_tokenizer(const fs::path& dir, const data::Tokenizer& tok, int64_t
 void save_pretrained(const fs::path& dir, model::Vlm& model, const fs::path& tokenizer_path,
                      const data::ImageProcessorConfig& image, torch::Dtype save_dtype,
                      int64_t max_shard_bytes, const data::Tokenizer* tokenizer) {
+  if (model->is_qwen2_vl()) {
+    MMPOST_CHECK(image.qwen.has_value(), dir.string(),
+                 ": a Qwen2-VL model is saved with its Qwen2VLImageProcessor settings");
+    // The hub tokenizer files (tokenizer.json + tokenizer_config.json with the vision tokens
+    // and chat template) are copied as they are.
+    save_qwen2_vl_pretrained(dir, *model->qwen2_vl, *image.qwen,
+                             tokenizer_path.empty() ? fs::path() : tokenizer_path.parent_path(),
+                             save_dtype, max_shard_bytes);
+    return;
+  }
   fs::create_directories(dir);
   auto tensors = model::hf_state_dict(*model);
   uint64_t bytes = 0;

@@ -66,8 +66,7 @@ const char* finish_reason_name(FinishReason reason) {
 }
 
 RepeatedBatch repeat_interleave_batch(const torch::Tensor& input_ids,
-                                      const torch::Tensor& attention_mask,
-                                      const torch::Tensor& pixel_values,
+                                      const torch::Tensor& attention_mask, const Images& images,
                                       const std::vector<int64_t>& image_counts,
                                       int64_t num_generations) {
   MMPOST_CHECK_USAGE(num_generations >= 1, "num_generations must be >= 1, got ",
@@ -75,25 +74,46 @@ RepeatedBatch repeat_interleave_batch(const torch::Tensor& input_ids,
   const int64_t B = input_ids.size(0);
   TORCH_CHECK(static_cast<int64_t>(image_counts.size()) == B, "repeat_interleave_batch: ",
               image_counts.size(), " image counts for ", B, " samples");
-  const int64_t n_images = pixel_values.defined() ? pixel_values.size(0) : 0;
+  const auto& pixel_values = images.pixel_values;
+  const bool grids = images.image_grid_thw.defined();
+  const int64_t n_images = grids ? images.image_grid_thw.size(0)
+                                 : (pixel_values.defined() ? pixel_values.size(0) : 0);
+  // Rows of pixel_values each image owns: one (LLaVA) or its t*h*w patches (Qwen2-VL).
+  std::vector<int64_t> row0(n_images + 1, 0);
+  if (grids) {
+    auto g = images.image_grid_thw.to(torch::kCPU).contiguous();
+    auto acc = g.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < n_images; ++i) row0[i + 1] = row0[i] + acc[i][0] * acc[i][1] * acc[i][2];
+  } else {
+    for (int64_t i = 0; i < n_images; ++i) row0[i + 1] = i + 1;
+  }
   RepeatedBatch out;
   out.input_ids = input_ids.repeat_interleave(num_generations, /*dim=*/0);        // [B*G, T]
   out.attention_mask = attention_mask.repeat_interleave(num_generations, /*dim=*/0);
   // Image rows of the output: sample i's block of images, G times, then sample i+1's.
-  std::vector<int64_t> index;
+  std::vector<int64_t> rows, image_index;
   int64_t first = 0;
   for (int64_t count : image_counts) {
     TORCH_CHECK(count >= 0, "repeat_interleave_batch: negative image count");
+    TORCH_CHECK(first + count <= n_images, "repeat_interleave_batch: image counts exceed the ",
+                n_images, " images given");
     for (int64_t g = 0; g < num_generations; ++g) {
-      for (int64_t k = 0; k < count; ++k) index.push_back(first + k);
+      for (int64_t k = first; k < first + count; ++k) {
+        image_index.push_back(k);
+        for (int64_t r = row0[k]; r < row0[k + 1]; ++r) rows.push_back(r);
+      }
     }
     first += count;
   }
   TORCH_CHECK(first == n_images, "repeat_interleave_batch: image counts sum to ", first,
               " but pixel_values holds ", n_images, " images");
   if (n_images > 0) {
-    auto idx = torch::tensor(index, torch::dtype(torch::kInt64).device(pixel_values.device()));
-    out.pixel_values = pixel_values.index_select(/*dim=*/0, idx);  // [N*G, 3, H, W]
+    const auto opts = torch::dtype(torch::kInt64).device(pixel_values.device());
+    out.pixel_values = pixel_values.index_select(/*dim=*/0, torch::tensor(rows, opts));
+    if (grids) {
+      out.image_grid_thw = images.image_grid_thw.index_select(
+          0, torch::tensor(image_index, opts.device(images.image_grid_thw.device())));
+    }
   }
   return out;
 }
@@ -208,11 +228,15 @@ GenerationOutput generate(const DecoderSteps& model, const torch::Tensor& input_
 }
 
 GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
-                          const torch::Tensor& attention_mask, const torch::Tensor& pixel_values,
+                          const torch::Tensor& attention_mask, const Images& images,
                           const GenerationConfig& cfg, bool use_cache) {
+  if (model->is_qwen2_vl()) {
+    return generate(*model->qwen2_vl, input_ids, attention_mask, images.pixel_values,
+                    images.image_grid_thw, cfg, use_cache);
+  }
   DecoderSteps steps;
   steps.prompt_hidden = [&](const torch::Tensor& ids, const torch::Tensor& mask, KVCache* cache) {
-    return model->forward_hidden(ids, pixel_values, mask, cache);
+    return model->forward_hidden(ids, images, mask, cache);
   };
   steps.step_hidden = [&](const torch::Tensor& ids, const torch::Tensor& mask, KVCache* cache) {
     return model->forward_hidden(ids, /*pixel_values=*/{}, mask, cache);

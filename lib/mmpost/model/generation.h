@@ -54,7 +54,9 @@ struct GenerationOutput {
 };
 
 /// Generates up to cfg.max_new_tokens tokens per row. input_ids [B, T] LEFT-padded int64,
-/// attention_mask [B, T] (1 = real token), pixel_values [N, 3, H, W] or undefined.
+/// attention_mask [B, T] (1 = real token), `images` (LLaVA pixel_values [N, 3, H, W], or a
+/// Qwen2-VL model's patches and grids; empty = text only). A Qwen2-VL family model generates as
+/// the Qwen2VLImpl overload below.
 /// A row ends with its first EOS, stop_token_sequences match or stop_check hit (finish_reason
 /// says which; EOS wins when one token does both); the loop ends when every row has.
 /// The image token (config.image_token_index) is never generated (its logit is masked).
@@ -64,7 +66,7 @@ struct GenerationOutput {
 /// (temperature 1, no top-k/top-p), the quantity policy-gradient losses need.
 /// Throws mmpost::Error (kUsage) for invalid settings, (kData) for image-token mismatches.
 GenerationOutput generate(Vlm& model, const torch::Tensor& input_ids,
-                          const torch::Tensor& attention_mask, const torch::Tensor& pixel_values,
+                          const torch::Tensor& attention_mask, const Images& images,
                           const GenerationConfig& cfg, bool use_cache = true);
 
 /// As above for Qwen2-VL / Qwen2.5-VL: images as the processor's pixel_values [L, D] with
@@ -95,17 +97,18 @@ GenerationOutput generate(const DecoderSteps& model, const torch::Tensor& input_
 struct RepeatedBatch {
   torch::Tensor input_ids;       // [B*G, T]
   torch::Tensor attention_mask;  // [B*G, T]
-  torch::Tensor pixel_values;    // [N*G, 3, H, W], or undefined when N = 0
+  torch::Tensor pixel_values;    // [N*G, 3, H, W], or undefined when N = 0 (Qwen2-VL: patches)
+  torch::Tensor image_grid_thw;  // Qwen2-VL: [N*G, 3]; else undefined
 };
 
 /// Repeats each sample num_generations (G) times, grouped: rows i*G .. i*G+G-1 are sample i
 /// (TRL GRPO layout; torch.repeat_interleave on dim 0). pixel_values [N, 3, H, W] holds every
 /// sample's images in sample order, image_counts[i] (0 allowed) of them for sample i; the output
-/// keeps images in the new row order, so image-token splicing stays aligned. Throws Error(kUsage)
-/// for G < 1; TORCH_CHECKs that image_counts has B entries summing to N.
+/// keeps images in the new row order, so image-token splicing stays aligned. Qwen2-VL images
+/// (with image_grid_thw) repeat each image's block of t*h*w patch rows and its grid row.
+/// Throws Error(kUsage) for G < 1; TORCH_CHECKs that image_counts has B entries summing to N.
 RepeatedBatch repeat_interleave_batch(const torch::Tensor& input_ids,
-                                      const torch::Tensor& attention_mask,
-                                      const torch::Tensor& pixel_values,
+                                      const torch::Tensor& attention_mask, const Images& images,
                                       const std::vector<int64_t>& image_counts,
                                       int64_t num_generations);
 

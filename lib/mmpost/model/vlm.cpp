@@ -14,7 +14,19 @@ VlmImpl::VlmImpl(const VlmConfig& config) : config_(config) {
       "language_model", LanguageModel(config_.text_config, config_.tie_word_embeddings));
 }
 
-torch::Tensor VlmImpl::image_features(const torch::Tensor& pixel_values) {
+VlmImpl::VlmImpl(Qwen2VL qwen) : qwen2_vl(std::move(qwen)) {
+  const auto& q = qwen2_vl->config();
+  config_.text_config = q.text_config;
+  config_.image_token_index = q.image_token_id;
+  config_.tie_word_embeddings = q.tie_word_embeddings;
+  config_.torch_dtype = q.torch_dtype;
+  register_module("visual", qwen2_vl->visual);
+  language_model = register_module("language_model", qwen2_vl->language_model);
+}
+
+torch::Tensor VlmImpl::image_features(const Images& images) {
+  if (qwen2_vl) return qwen2_vl->image_features(images.pixel_values, images.image_grid_thw);
+  const auto& pixel_values = images.pixel_values;
   auto h = vision_tower(pixel_values, config_.vision_feature_layer);  // [N, 1 + P, C_vision]
   if (config_.vision_feature_select_strategy == "default") {
     h = h.narrow(/*dim=*/1, /*start=*/1, /*length=*/h.size(1) - 1);  // drop the class token
@@ -22,13 +34,13 @@ torch::Tensor VlmImpl::image_features(const torch::Tensor& pixel_values) {
   return multi_modal_projector(h);  // [N, P, C_text]
 }
 
-torch::Tensor VlmImpl::embed(const torch::Tensor& input_ids, const torch::Tensor& pixel_values) {
-  const bool has_images = pixel_values.defined() && pixel_values.size(0) > 0;
-  return embed_features(input_ids, has_images ? image_features(pixel_values) : torch::Tensor());
+torch::Tensor VlmImpl::embed(const torch::Tensor& input_ids, const Images& images) {
+  return embed_features(input_ids, images.empty() ? torch::Tensor() : image_features(images));
 }
 
 torch::Tensor VlmImpl::embed_features(const torch::Tensor& input_ids,
                                       const torch::Tensor& features) {
+  if (qwen2_vl) return qwen2_vl->embed_features(input_ids, features);
   TORCH_CHECK(input_ids.dim() == 2, "input_ids must be [B, T], got ", input_ids.sizes());
   auto is_image = input_ids == config_.image_token_index;  // [B, T]
   // Image ids may lie outside the vocabulary (HF llava-1.5 uses 32000); embed them as id 0.
@@ -45,9 +57,17 @@ torch::Tensor VlmImpl::embed_features(const torch::Tensor& input_ids,
   return embeds.masked_scatter(is_image.unsqueeze(-1), features.to(embeds.scalar_type()));
 }
 
+namespace {
+void check_llava_only(const VlmImpl& m, const char* what) {
+  MMPOST_CHECK_USAGE(!m.is_qwen2_vl(), what,
+                     " runs LLaVA models only: Qwen2-VL positions need the images' grids");
+}
+}  // namespace
+
 torch::Tensor VlmImpl::forward_features(const torch::Tensor& input_ids,
                                         const torch::Tensor& features,
                                         const torch::Tensor& attention_mask) {
+  check_llava_only(*this, "forward_features");
   return logits(language_model->forward(embed_features(input_ids, features), attention_mask,
                                         torch::Tensor(), nullptr));
 }
@@ -55,32 +75,57 @@ torch::Tensor VlmImpl::forward_features(const torch::Tensor& input_ids,
 torch::Tensor VlmImpl::forward_hidden_features(const torch::Tensor& input_ids,
                                                const torch::Tensor& features,
                                                const torch::Tensor& attention_mask) {
+  check_llava_only(*this, "forward_hidden_features");
   return language_model->forward(embed_features(input_ids, features), attention_mask,
                                  torch::Tensor(), nullptr);
 }
 
-torch::Tensor VlmImpl::forward_hidden(const torch::Tensor& input_ids,
-                                      const torch::Tensor& pixel_values,
+torch::Tensor VlmImpl::forward_hidden(const torch::Tensor& input_ids, const Images& images,
                                       const torch::Tensor& attention_mask, KVCache* cache,
                                       const torch::Tensor& position_ids) {
-  return language_model(embed(input_ids, pixel_values), attention_mask, position_ids, cache);
+  if (qwen2_vl) {
+    return qwen2_vl->forward_hidden(input_ids, images.pixel_values, images.image_grid_thw,
+                                    attention_mask, cache, position_ids);
+  }
+  return language_model(embed(input_ids, images), attention_mask, position_ids, cache);
 }
 
 torch::Tensor VlmImpl::logits(const torch::Tensor& hidden) {
   return language_model->logits(hidden).to(torch::kFloat32);
 }
 
-torch::Tensor VlmImpl::forward(const torch::Tensor& input_ids, const torch::Tensor& pixel_values,
+torch::Tensor VlmImpl::forward(const torch::Tensor& input_ids, const Images& images,
                                const torch::Tensor& attention_mask, KVCache* cache,
                                const torch::Tensor& position_ids) {
-  return logits(forward_hidden(input_ids, pixel_values, attention_mask, cache, position_ids));
+  return logits(forward_hidden(input_ids, images, attention_mask, cache, position_ids));
 }
 
 Vlm build_vlm(const VlmConfig& config) { return Vlm(config); }
 
 void VlmImpl::set_activation_checkpointing(bool on) {
+  if (qwen2_vl) {
+    qwen2_vl->set_activation_checkpointing(on);
+    return;
+  }
   vision_tower->vision_model->checkpoint_layers = on;
   language_model->model->checkpoint_layers = on;
+}
+
+std::vector<torch::nn::Module*> model_part(VlmImpl& m, const std::string& part) {
+  if (part == "language_model") return {m.language_model.get()};
+  if (m.is_qwen2_vl()) {
+    auto& v = *m.qwen2_vl->visual;
+    if (part == "projector") {
+      return {v.merger_ln ? static_cast<torch::nn::Module*>(v.merger_ln.get()) : v.merger_rms.get(),
+              v.merger_mlp.get()};
+    }
+    if (part == "vision_tower") return {v.patch_embed_proj.get(), v.blocks.get()};
+  } else {
+    if (part == "vision_tower") return {m.vision_tower.get()};
+    if (part == "projector") return {m.multi_modal_projector.get()};
+  }
+  throw Error(ErrorKind::kUsage, "model.freeze: unknown part \"" + part + "\"",
+              "the parts are vision_tower, projector, language_model");
 }
 
 }  // namespace mmpost::model

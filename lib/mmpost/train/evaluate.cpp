@@ -78,7 +78,8 @@ ExactMatchResult evaluate_exact_match(model::Vlm& model, const data::SampleConte
     if (!samples) break;
     if (samples->empty()) continue;  // a window whose records were all skipped (or other ranks')
     auto batch = data::collate_prompts(*samples, gen.pad_token_id).to(device, dtype);
-    auto out = model::generate(model, batch.input_ids, batch.attention_mask, batch.pixel_values, gen);
+    auto out = model::generate(model, batch.input_ids, batch.attention_mask,
+                               {batch.pixel_values, batch.image_grid_thw}, gen);
     auto seqs_t = out.sequences.cpu();
     auto lens_t = out.lengths.cpu();
     auto seqs = seqs_t.accessor<int64_t, 2>();
@@ -203,7 +204,8 @@ LossEvalResult evaluate_loss(model::Vlm& model, const data::SampleContext& ctx,
     if (!samples) break;
     if (samples->empty()) continue;
     auto batch = data::collate(*samples, pad).to(device, dtype);
-    auto logits = model->forward(batch.input_ids, batch.pixel_values, batch.attention_mask);
+    auto logits = model->forward(batch.input_ids, {batch.pixel_values, batch.image_grid_thw},
+                                 batch.attention_mask);
     loss_sum += algo::sft_loss_sum(logits, batch.labels).item<double>();
     r.n_tokens += algo::n_supervised_targets(batch.labels);
     r.n += static_cast<int64_t>(samples->size());
