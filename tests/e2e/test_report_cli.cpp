@@ -58,6 +58,14 @@ std::map<std::string, int> logged_metrics(const fs::path& file) {
   return out;
 }
 
+/// Runs `mmpost ARGS`, REQUIREs exit 0 (showing stderr otherwise) and returns the result.
+mmpost::testing::CliResult run_ok(const std::string& args, const fs::path& log) {
+  auto r = run_cli(args, log);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  return r;
+}
+
 /// `n` digit prompts with their answer and difficulty i % 2 (for a staged curriculum).
 fs::path write_prompts(const fs::path& dir, int n) {
   mmpost::io::JsonlReader in(kDigitsDir / "train.jsonl");
@@ -123,32 +131,26 @@ TEST_CASE("report: a digits SFT and a GRPO run render in headless Chromium, one 
   TempDir dir("report_e2e");
   // SFT: 20 steps, a row every 2 steps, eval at 10 and 20 (two points on each eval curve).
   auto sft = dir.path / "sft";
-  auto r = run_cli("sft -r recipes/tiny/sft-tiny.json --output " + sft.string() +
-                       " --set train.max_steps=20 --set train.log_every_n_steps=2"
-                       " --set train.eval_every_n_steps=10 --set train.save_every_n_steps=0",
-                   dir.path / "log_sft");
-  INFO(r.err);
-  REQUIRE(r.code == 0);
+  run_ok("sft -r recipes/tiny/sft-tiny.json --output " + sft.string() +
+             " --set train.max_steps=20 --set train.log_every_n_steps=2"
+             " --set train.eval_every_n_steps=10 --set train.save_every_n_steps=0",
+         dir.path / "log_sft");
   // GRPO from it: 6 steps with a KL term, a staged curriculum (difficulty 0 until step 3),
   // greedy eval at 3 and 6.
   auto grpo = dir.path / "grpo";
-  r = run_cli("rlhf -r recipes/tiny/grpo-tiny.json --output " + grpo.string() +
-                  " --set model.path=" + sft.string() + " --set data.train=" +
-                  write_prompts(dir.path, 48).string() +
-                  " --set data.eval=data/digits-vqa/val.jsonl --set train.eval_max_samples=16"
-                  " --set train.max_steps=6 --set train.log_every_n_steps=1"
-                  " --set train.eval_every_n_steps=3 --set rlhf.beta=0.04"
-                  " --set 'rlhf.curriculum={\"mode\": \"staged\", \"stages\": [{\"difficulties\":"
-                  " [0], \"until_step\": 3}, {\"difficulties\": [0, 1]}]}'",
-              dir.path / "log_grpo");
-  INFO(r.err);
-  REQUIRE(r.code == 0);
+  run_ok("rlhf -r recipes/tiny/grpo-tiny.json --output " + grpo.string() +
+             " --set model.path=" + sft.string() + " --set data.train=" +
+             write_prompts(dir.path, 48).string() +
+             " --set data.eval=data/digits-vqa/val.jsonl --set train.eval_max_samples=16"
+             " --set train.max_steps=6 --set train.log_every_n_steps=1"
+             " --set train.eval_every_n_steps=3 --set rlhf.beta=0.04"
+             " --set 'rlhf.curriculum={\"mode\": \"staged\", \"stages\": [{\"difficulties\":"
+             " [0], \"until_step\": 3}, {\"difficulties\": [0, 1]}]}'",
+         dir.path / "log_grpo");
 
   auto page = dir.path / "report.html";
-  r = run_cli("report " + sft.string() + " " + grpo.string() + " --out " + page.string(),
-              dir.path / "log_report");
-  INFO(r.err);
-  REQUIRE(r.code == 0);
+  auto r = run_ok("report " + sft.string() + " " + grpo.string() + " --out " + page.string(),
+                  dir.path / "log_report");
   auto summary = nlohmann::json::parse(r.out.substr(r.out.rfind('{')));
   auto metrics = logged_metrics(sft / "metrics.jsonl");
   for (const auto& [k, n] : logged_metrics(grpo / "metrics.jsonl")) metrics[k] = std::max(metrics[k], n);
@@ -189,8 +191,7 @@ TEST_CASE("report: a digits SFT and a GRPO run render in headless Chromium, one 
   CHECK(count_colour(img, "#f28e2b") > 300);
 
   // --format json: the health summary on stdout.
-  r = run_cli("report " + sft.string() + " " + grpo.string() + " --format json", dir.path / "log_json");
-  REQUIRE(r.code == 0);
+  r = run_ok("report " + sft.string() + " " + grpo.string() + " --format json", dir.path / "log_json");
   auto health = nlohmann::json::parse(r.out);
   REQUIRE(health["runs"].size() == 2);
   CHECK(health["runs"][0]["stage"] == "sft");
@@ -210,17 +211,14 @@ TEST_CASE("report: a run in progress is read as it stands; bad folders and lines
   std::ofstream(run / "metrics.jsonl") << "{\"step\": 1, \"loss\": 2.0, \"grad_norm\": 1.0}\n"
                                           "{\"step\": 2, \"loss\": 1.5, \"grad_norm\": 0.9}\n"
                                           "{\"step\": 3, \"loss\": 1.";
-  auto r = run_cli("report " + run.string() + " --format json", dir.path / "log1");
-  INFO(r.err);
-  REQUIRE(r.code == 0);
+  auto r = run_ok("report " + run.string() + " --format json", dir.path / "log1");
   auto j = nlohmann::json::parse(r.out);
   CHECK(j["runs"][0]["partial_last_line"] == true);
   CHECK(j["runs"][0]["rows"] == 2);
   CHECK(j["runs"][0]["finished"] == false);
   CHECK(j["runs"][0]["total_steps"] == 100);
   CHECK_THAT(r.err, HasSubstr("metrics.jsonl: the last line is incomplete"));
-  r = run_cli("report " + run.string() + " --out " + (dir.path / "live.html").string(), dir.path / "log2");
-  REQUIRE(r.code == 0);
+  run_ok("report " + run.string() + " --out " + (dir.path / "live.html").string(), dir.path / "log2");
   CHECK_THAT(read_all(dir.path / "live.html"), HasSubstr("a torn last line of metrics.jsonl was skipped"));
 
   // A malformed line that is not the last: the file and line, exit 3 (bad data).

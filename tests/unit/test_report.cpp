@@ -375,3 +375,30 @@ TEST_CASE("report: the page has one plot per metric, overlays runs and highlight
   CHECK(j["runs"][0]["checks"][0]["id"] == "loss_spike");
   CHECK(j["n_fired"] == 0);
 }
+
+TEST_CASE("report: the curriculum timeline has one segment per stage with its steps",
+          "[unit][report]") {
+  // Stage 0 logged at steps 5 and 10, stage 1 at 15, stage 2 at 20 and 25: three segments,
+  // steps 1-10, 11-15 and 16-25, with the difficulties the recipe gives each stage.
+  Report r;
+  nlohmann::json recipe = {{"rlhf", {{"curriculum", {{"mode", "staged"},
+                                                     {"stages", {{{"difficulties", {0}}},
+                                                                 {{"difficulties", {0, 1}}},
+                                                                 {{"difficulties", {0, 1, 2}}}}}}}}}};
+  std::string text;
+  const int stage[] = {0, 0, 1, 2, 2};
+  for (int i = 0; i < 5; ++i) {
+    text += nlohmann::json{{"step", 5 * (i + 1)}, {"curriculum/stage", stage[i]}}.dump() + "\n";
+  }
+  r.runs.push_back(run_of(text, "rlhf", recipe));
+  r.health.push_back(check_health(r.runs[0]));
+  const auto html = render_html(r);
+  CHECK(count(html, "<figure class=\"timeline\">") == 1);
+  CHECK(count(html, "<rect class=\"stage\"") == 3);
+  CHECK_THAT(html, HasSubstr("rlhf-run: stage 0: steps 1-10, difficulties [0]"));
+  CHECK_THAT(html, HasSubstr("rlhf-run: stage 1: steps 11-15, difficulties [0,1]"));
+  CHECK_THAT(html, HasSubstr("rlhf-run: stage 2: steps 16-25, difficulties [0,1,2]"));
+  // Without a staged recipe and with one stage throughout there is no timeline.
+  r.runs[0] = run_of("{\"step\": 5, \"curriculum/stage\": 0}\n{\"step\": 10, \"curriculum/stage\": 0}\n", "rlhf");
+  CHECK(count(render_html(r), "<figure class=\"timeline\">") == 0);
+}
