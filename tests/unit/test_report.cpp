@@ -367,6 +367,14 @@ TEST_CASE("report: the page has one plot per metric, overlays runs and highlight
   CHECK(html.find("https://") == std::string::npos);
   CHECK(html.find(" src=") == std::string::npos);
   CHECK_THAT(html, HasSubstr("id=\"report-data\""));
+  // One part's grad norm: no by-part overlay; two parts: one, beside the per-metric plots.
+  CHECK(count(html, "<figure class=\"overlay\">") == 0);
+  r.runs[1] = run_of("{\"step\": 1, \"grad_norm/projector\": 0.5, \"grad_norm/vision_tower\": 0.1}\n"
+                     "{\"step\": 2, \"grad_norm/projector\": 0.4, \"grad_norm/vision_tower\": 0.2}\n",
+                     "sft");
+  const auto parts = render_html(r);
+  CHECK(count(parts, "<figure class=\"overlay\"><figcaption>grad_norm by part: sft-run") == 1);
+  CHECK(count(parts, "<figure class=\"plot\"") == 5);
 
   const auto j = health_summary(r);
   REQUIRE(j["runs"].size() == 2);

@@ -113,6 +113,17 @@ std::string health_section(const Report& r, const std::map<std::string, std::str
   return o + "</tbody></table></section>";
 }
 
+/// One line of the hover readout's data: the run and its points (decimated as drawn; NaN as
+/// null).
+nlohmann::json hover_line(size_t run, const Series& s) {
+  nlohmann::json x = nlohmann::json::array(), y = nlohmann::json::array();
+  for (size_t k : decimate(s.values, kMaxPoints)) {
+    x.push_back(s.steps[k]);
+    y.push_back(std::isfinite(s.values[k]) ? nlohmann::json(s.values[k]) : nlohmann::json());
+  }
+  return {{"run", run}, {"x", x}, {"y", y}};
+}
+
 /// One plot: every run that logged `metric`, with the steps health checks marked on it.
 std::string plot_figure(const Report& r, const std::string& metric, const std::string& id,
                         nlohmann::json& hover) {
@@ -127,12 +138,7 @@ std::string plot_figure(const Report& r, const std::string& metric, const std::s
     if (s == nullptr) continue;
     chart.lines.push_back({r.runs[i].name, color_of(i), s->steps, s->values});
     legend += "<span class=\"entry\">" + swatch(i) + html_escape(r.runs[i].name) + "</span>";
-    nlohmann::json x = nlohmann::json::array(), y = nlohmann::json::array();
-    for (size_t k : decimate(s->values, 2000)) {
-      x.push_back(s->steps[k]);
-      y.push_back(std::isfinite(s->values[k]) ? nlohmann::json(s->values[k]) : nlohmann::json());
-    }
-    lines.push_back({{"run", i}, {"x", x}, {"y", y}});
+    lines.push_back(hover_line(i, *s));
     for (const auto& c : r.health[i]) {
       auto it = c.marks.find(metric);
       if (it == c.marks.end()) continue;
@@ -148,6 +154,34 @@ std::string plot_figure(const Report& r, const std::string& metric, const std::s
          html_escape(metric) + flag + "</figcaption>" +
          (r.runs.size() > 1 ? "<div class=\"legend\">" + legend + "</div>" : "") +
          render_svg(chart) + "</figure>";
+}
+
+/// Per run that logged two or more `grad_norm/<part>`: one chart overlaying its parts (their
+/// relative sizes at a glance), hover-readable like the plots.
+std::string part_overlays(const Report& r, nlohmann::json& hover) {
+  std::string o;
+  for (size_t i = 0; i < r.runs.size(); ++i) {
+    Chart chart;
+    chart.id = "parts-" + std::to_string(i);
+    nlohmann::json lines = nlohmann::json::array();
+    std::string legend;
+    for (const auto& [name, s] : r.runs[i].series) {
+      if (!starts(name, "grad_norm/") || s.empty()) continue;
+      const std::string part = name.substr(10), color = color_of(chart.lines.size() + 4);
+      chart.lines.push_back({part, color, s.steps, s.values});
+      legend += "<span class=\"entry\"><span class=\"swatch\" style=\"background:" + color +
+                "\"></span>" + html_escape(part) + "</span>";
+      auto line = hover_line(i, s);
+      line["label"] = part;
+      line["color"] = color;
+      lines.push_back(line);
+    }
+    if (chart.lines.size() < 2) continue;
+    hover[chart.id] = lines;
+    o += "<figure class=\"overlay\"><figcaption>grad_norm by part: " + html_escape(r.runs[i].name) +
+         "</figcaption><div class=\"legend\">" + legend + "</div>" + render_svg(chart) + "</figure>";
+  }
+  return o;
 }
 
 /// Stage segments of one run: (first step, last step, stage), consecutive equal stages merged.
@@ -337,6 +371,7 @@ std::string render_html(const Report& r) {
       if (section_of(m) == sec) figs += plot_figure(r, m, plot_ids[m], hover);
     }
     if (sec == "Curriculum") figs = curriculum_timeline(r) + figs;
+    if (sec == "Gradient norms per part" && !figs.empty()) figs = part_overlays(r, hover) + figs;
     if (figs.empty()) continue;
     const std::string id = "sec-" + dashed(sec);
     nav += "<a href=\"#" + id + "\">" + sec + "</a>";

@@ -37,6 +37,7 @@ table.health{width:100%}
 .grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(380px,1fr));gap:14px}
 figure{margin:0;background:var(--card);border:1px solid var(--line);border-radius:8px;padding:10px 12px 6px}
 figure.timeline{grid-column:1/-1}
+figure.overlay{border-style:dashed}
 figcaption{font-weight:600;font-size:13px;font-family:ui-monospace,SFMono-Regular,Menlo,monospace}
 .flag{font:600 10px system-ui,sans-serif;background:var(--bad);color:#fff;border-radius:8px;padding:1px 6px;margin-left:8px}
 .legend{font-size:11px;color:var(--muted);display:flex;gap:10px;flex-wrap:wrap;margin-top:2px}
@@ -98,7 +99,7 @@ const char* page_js() {
     var data = JSON.parse(document.getElementById('report-data').textContent);
     var tip = document.getElementById('tooltip');
     var wired = 0;
-    document.querySelectorAll('figure.plot svg.chart').forEach(function (svg) {
+    document.querySelectorAll('figure svg.chart[id]').forEach(function (svg) {
       var lines = data.plots[svg.id] || [];
       var x0 = +svg.dataset.x0, x1 = +svg.dataset.x1, p0 = +svg.dataset.px0, p1 = +svg.dataset.px1;
       var cursor = svg.querySelector('line.cursor');
@@ -117,8 +118,8 @@ const char* page_js() {
           var i = nearest(l.x, best);
           if (i < 0 || l.x[i] !== best) return;
           var run = data.runs[l.run];
-          rows.push('<span class="swatch" style="background:' + run.color + '"></span>' +
-                    esc(run.name) + ': ' + fmt(l.y[i]));
+          rows.push('<span class="swatch" style="background:' + (l.color || run.color) + '"></span>' +
+                    esc(l.label || run.name) + ': ' + fmt(l.y[i]));
         });
         var cx = p0 + (best - x0) / ((x1 - x0) || 1) * (p1 - p0);
         cursor.setAttribute('x1', cx); cursor.setAttribute('x2', cx);

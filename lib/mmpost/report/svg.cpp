@@ -11,7 +11,6 @@ namespace mmpost::report {
 namespace {
 
 constexpr double kLeft = 54, kRight = 12, kTop = 10, kBottom = 34;  // plot area margins (px)
-constexpr size_t kMaxPoints = 2000;   // per line; min-max decimation beyond
 constexpr size_t kMaxMarkers = 30;    // circles on every point of a short line
 
 std::string fmt(const char* f, double a) {

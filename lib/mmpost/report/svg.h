@@ -37,6 +37,8 @@ std::string format_tick(double v, double step);
 /// point and, per bucket of consecutive points, its minimum and maximum (spikes survive).
 /// All indices when there are few enough.
 std::vector<size_t> decimate(const std::vector<double>& y, size_t max_points);
+/// The point budget per line render_svg draws with (and the page's hover data keeps).
+inline constexpr size_t kMaxPoints = 2000;
 
 /// The <svg> element of `chart`: axes with ticks and labels, a light grid, one
 /// <polyline class="series" data-run="LABEL"> per unbroken run of each line (a <circle
