@@ -9,7 +9,7 @@ if(NOT ROOT)
   message(FATAL_ERROR "check_layers.cmake: pass -DROOT=<source dir>")
 endif()
 set(lib ${ROOT}/lib/mmpost)
-set(order "apps -> train -> hub | dist -> model | data -> algo | io | config -> core")
+set(order "apps -> train -> hub | dist -> model | data -> algo | io | config -> core; apps -> report -> io")
 set(errors "")
 
 file(GLOB entries RELATIVE ${lib} ${lib}/*)

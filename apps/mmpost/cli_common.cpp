@@ -72,6 +72,7 @@ void register_subcommands(CLI::App& app) {
   stages().push_back(setup_bench(app));
   stages().push_back(setup_inspect(app));
   stages().push_back(setup_init(app));
+  stages().push_back(setup_report(app));
   stages().push_back(setup_bench_tokenize(app));
 }
 

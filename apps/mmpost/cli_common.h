@@ -84,6 +84,7 @@ Stage setup_generate(CLI::App& app);
 Stage setup_bench(CLI::App& app);  // hidden: bench-preprocess (scripts/bench)
 Stage setup_inspect(CLI::App& app);
 Stage setup_init(CLI::App& app);
+Stage setup_report(CLI::App& app);
 Stage setup_bench_tokenize(CLI::App& app);  // hidden: bench-tokenize (scripts/bench)
 
 /// Adds every stage subcommand to `app`.
