@@ -201,7 +201,7 @@ TEST_CASE("report: a digits SFT and a GRPO run render in headless Chromium, one 
   CHECK(health["runs"][0]["checks"].size() == 10);
 }
 
-TEST_CASE("report: a run in progress is read as it stands; bad folders and lines exit 2 and 3",
+TEST_CASE("report: a run in progress is read as it stands, and bad folders and lines exit 2 and 3",
           "[e2e][report]") {
   TempDir dir("report_bad");
   auto run = dir.path / "live";

@@ -120,7 +120,7 @@ TEST_CASE("report: a torn last line is skipped and counted, any other bad line n
   CHECK_THAT(msg, HasSubstr("metrics.jsonl:1: no integer \"step\""));
 }
 
-TEST_CASE("report: read_run finds the stage, total steps and state; bad folders are usage errors",
+TEST_CASE("report: read_run finds the stage, total steps and state, and bad folders are usage errors",
           "[unit][report]") {
   TempDir tmp("report_read");
   auto [msg, kind] = error_of([&] { read_run(tmp.path / "nope"); });
