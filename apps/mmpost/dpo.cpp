@@ -128,9 +128,14 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
   log_info("dpo: resolved recipe\n" + config::format_table(config::to_rows(cfg)));
 
   // ---- policy + reference ------------------------------------------------------------------
+  MMPOST_CHECK_USAGE(!cfg.data.packing, "data.packing: only sft packs its batches; dpo does not",
+                     "\n  hint: remove data.packing from the recipe");
   auto sm = load_stage_model(cfg.model, cfg.data.image, run.checkpoint(), device, dtype, "dpo",
                              cfg.lora);
   model::Vlm model = sm.model;
+  MMPOST_CHECK_USAGE(!(mdpo && model->is_qwen2_vl()), "dpo.mdpo: the corrupted-image term does "
+                     "not run Qwen2-VL family models yet (their images are flattened patches)",
+                     "\n  hint: set dpo.mdpo.enabled to false");
   StageReference reference;
   const fs::path ref_src = cfg.dpo.ref_model.empty() ? fs::path(cfg.model.path)
                                                      : fs::path(cfg.dpo.ref_model);

@@ -59,12 +59,12 @@ int run_preference_eval(const EvalArgs& a, hub::Pretrained& p, data::SampleConte
   MMPOST_CHECK_USAGE(a.beta > 0, "--beta: must be > 0, got ", a.beta);
   MMPOST_CHECK_USAGE(a.rewards.empty(), "--reward applies to prompt data; ", a.data,
                      " holds preference pairs");
-  MMPOST_CHECK_USAGE(!p.model->is_qwen2_vl(), a.model_dir,
-                     " is a Qwen2-VL family model: preference evaluation does not run them yet",
-                     "\n  hint: --metric exact_match and perplexity do");
   model::Vlm ref{nullptr};
   if (!a.ref_model.empty()) {
     ref = hub::load_pretrained(a.ref_model).model;
+    MMPOST_CHECK_USAGE(ref->is_qwen2_vl() == p.model->is_qwen2_vl(), "--ref-model ",
+                       a.ref_model, ": a ", ref->is_qwen2_vl() ? "Qwen2-VL family" : "LLaVA-style",
+                       " model, but ", a.model_dir, " is not (both must read the same inputs)");
     ref->to(device, dtype);
     ref->eval();
   }

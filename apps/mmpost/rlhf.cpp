@@ -54,6 +54,13 @@ double grad_norm_of_module(torch::nn::Module& m) {
   return std::sqrt(sq);
 }
 
+/// Gradient norm of a part as model.freeze names it (either family: model::model_part).
+double grad_norm_of_part(model::VlmImpl& m, const std::string& part) {
+  double sq = 0;
+  for (auto* module : model::model_part(m, part)) sq += std::pow(grad_norm_of_module(*module), 2);
+  return std::sqrt(sq);
+}
+
 /// The step's groups of every rank in global prompt order (see gather_groups).
 struct GlobalGroups {
   std::vector<int64_t> pool_index;  // [P_all] prompt pool index of each global prompt
@@ -175,6 +182,8 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   log_info("rlhf: resolved recipe\n" + config::format_table(config::to_rows(cfg)));
 
   // ---- policy, reference, reward model, value head -------------------------------------------
+  MMPOST_CHECK_USAGE(!cfg.data.packing, "data.packing: only sft packs its batches; rlhf does not",
+                     "\n  hint: remove data.packing from the recipe");
   auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rlhf", cfg.lora);
   model::Vlm model = sm.model;
   data::Tokenizer& tokenizer = *sm.tokenizer;
@@ -186,6 +195,10 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   if (!rl.reward_model.empty()) {
     log_info("rlhf: reward model from " + rl.reward_model);
     reward_model = hub::load_reward_model(rl.reward_model).model;
+    MMPOST_CHECK_USAGE(reward_model->model->is_qwen2_vl() == sm.model->is_qwen2_vl(),
+                       "rlhf.reward_model: ", rl.reward_model, " is a ",
+                       reward_model->model->is_qwen2_vl() ? "Qwen2-VL family" : "LLaVA-style",
+                       " model but the policy is not (it scores the policy's token ids and images)");
     reward_model->to(device, dtype);
     reward_model->eval();
     for (auto& p : reward_model->parameters()) p.set_requires_grad(false);
@@ -363,7 +376,7 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
     if (reward_model) {
       auto ids = torch::cat({r.prompt_ids, r.completion}, 1);
       auto mask = torch::cat({r.prompt_mask, r.mask.to(torch::kInt64)}, 1);
-      auto rm = reward_model->forward(ids, r.row_pixel_values, mask).to(torch::kFloat32).cpu();
+      auto rm = reward_model->forward(ids, {r.row_pixel_values, r.row_image_grid_thw}, mask).to(torch::kFloat32).cpu();
       window.add("rewards/reward_model/mean", rm.mean().item<double>());
       rewards = rewards + rl.reward_model_weight * rm;
     }
@@ -545,8 +558,8 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
                                           chunk_rows));
           update_tokens += mask.sum().item<double>();
         }
-        window.add("grad_norm/vision_tower", grad_norm_of_module(*model->vision_tower));
-        window.add("grad_norm/projector", grad_norm_of_module(*model->multi_modal_projector));
+        window.add("grad_norm/vision_tower", grad_norm_of_part(*model, "vision_tower"));
+        window.add("grad_norm/projector", grad_norm_of_part(*model, "projector"));
         window.add("grad_norm/language_model", grad_norm_of_module(*model->language_model));
         iteration_loss = run.all_sum({iteration_loss})[0];  // the step's loss over all ranks
         window.add("loss", iteration_loss);

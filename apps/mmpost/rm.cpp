@@ -77,11 +77,13 @@ RmBatch collate_rm(const std::vector<RmSample>& samples, int64_t pad_id,
 /// One concatenated forward: rewards [2B] float32, rows [0, B) chosen, [B, 2B) rejected. The
 /// vision tower runs once per image; its features serve both rows of the pair.
 torch::Tensor pair_rewards(model::RewardModel& rm, const data::PreferenceBatch& b) {
-  torch::Tensor features;  // [N, P, C]
-  if (b.pixel_values.defined()) features = rm->model->image_features(b.pixel_values);
-  torch::Tensor row_features;
-  if (features.defined()) row_features = torch::cat({features, features});
-  return rm->forward_features(b.input_ids, row_features, b.attention_mask);
+  torch::Tensor row_features, row_grids;  // each image's features (and grid) twice
+  if (b.pixel_values.defined()) {
+    auto features = rm->model->image_features(model::Images(b.pixel_values, b.image_grid_thw));
+    row_features = torch::cat({features, features});
+    if (b.image_grid_thw.defined()) row_grids = torch::cat({b.image_grid_thw, b.image_grid_thw});
+  }
+  return rm->forward_features(b.input_ids, row_features, b.attention_mask, row_grids);
 }
 
 /// Pairwise accuracy and reward statistics on a preference JSONL, in file order, no grad: the
@@ -164,6 +166,8 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
   const auto& ckpt = run.checkpoint();
 
   // ---- model + score head ------------------------------------------------------------------
+  MMPOST_CHECK_USAGE(!cfg.data.packing, "data.packing: only sft packs its batches; rm does not",
+                     "\n  hint: remove data.packing from the recipe");
   auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rm", cfg.lora);
   model::RewardModel rm(sm.model);  // score ~ N(0, 0.02^2), seeded by Run
   const fs::path head_src = ckpt ? *ckpt : fs::path(cfg.model.path);

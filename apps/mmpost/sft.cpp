@@ -121,7 +121,17 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
       auto samples = loader.next_batch();
       MMPOST_CHECK_DATA(samples.has_value(), cfg.data.train, ": no training samples");
       if (samples->empty()) continue;
-      auto cpu_batch = data::collate(*samples, pad_id);
+      auto cpu_batch = cfg.data.packing
+                           ? data::collate_packed(*samples, pad_id, cfg.data.max_length)
+                           : data::collate(*samples, pad_id);
+      if (cfg.data.packing) {
+        cpu_batch.position_ids = model::packed_position_ids(
+            *model, cpu_batch.input_ids, cpu_batch.attention_mask, cpu_batch.image_grid_thw);
+      }
+      // Padded cells: what packing saves (0 = every cell a token).
+      window.add("padding_fraction",
+                 1.0 - static_cast<double>(cpu_batch.n_tokens) /
+                           static_cast<double>(cpu_batch.input_ids.numel()));
       n_targets += algo::n_supervised_targets(cpu_batch.labels);  // on the CPU: no device sync
       micro.push_back(cpu_batch.to(device, dtype));
       window.count(micro.back().n_tokens, static_cast<int64_t>(samples->size()));
@@ -138,11 +148,11 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
       torch::Tensor loss;
       if (cfg.train.logits_chunk_size == 0) {  // whole logits, as transformers' ForCausalLMLoss
         auto logits = model->forward(b.input_ids, {b.pixel_values, b.image_grid_thw},
-                                     b.attention_mask);  // [B, T, V]
+                                     b.attention_mask, nullptr, b.position_ids);  // [B, T, V]
         loss = algo::sft_loss_sum(logits, b.labels) / global_targets;
       } else {  // supervised tokens only, through the head a chunk at a time
         auto hidden = model->forward_hidden(b.input_ids, {b.pixel_values, b.image_grid_thw},
-                                            b.attention_mask);
+                                            b.attention_mask, nullptr, b.position_ids);
         auto weight = model->language_model->output_weight();
         loss = algo::sft_loss_sum_from_hidden(
                    hidden, weight, b.labels,

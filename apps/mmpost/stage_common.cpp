@@ -194,14 +194,13 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
     sm.source = ckpt ? *ckpt : fs::path(m.path);
     log_info(stage + ": loading model from " + sm.source.string());
     const bool qwen = hub::is_qwen2_vl_folder(sm.source);
-    MMPOST_CHECK_USAGE(!qwen || stage == "sft", stage, ": ", sm.source.string(),
-                       " is a Qwen2-VL family model; of the training stages only sft runs "
-                       "them so far (eval and generate do too)",
-                       "\n  hint: dpo, rm and rlhf support LLaVA-style models (mmpost init)");
-    MMPOST_CHECK_USAGE(!(qwen && lora.r > 0), "lora.r: LoRA on Qwen2-VL family models is not "
-                       "supported yet (", sm.source.string(), ")",
-                       "\n  hint: set lora.r to 0 for full fine-tuning, or freeze parts with "
-                       "model.freeze");
+    for (const auto& part : lora.modules_to_save) {
+      MMPOST_CHECK_USAGE(!qwen || part == "language_model", "lora.modules_to_save: \"", part,
+                         "\" is a LLaVA part; on a Qwen2-VL family model (", sm.source.string(),
+                         ") only \"language_model\" can be trained whole beside the adapters",
+                         "\n  hint: target the vision tower's layers with lora.target_modules "
+                         "(e.g. a regex over \"model.visual.blocks...\")");
+    }
     // LLaVA: the size is checked from config.json before anything is allocated.
     if (!qwen) {
       check_memory_fits(hub::read_model_config(sm.source), memory_view(m, lora), device, dtype,
@@ -380,6 +379,10 @@ StageReference load_reference(StageModel& sm, const config::LoraSection& lora,
   }
   log_info(stage + ": reference model from " + src.string() + " (" + dtype_name(dtype) + why + ")");
   ref.model = hub::load_pretrained(src).model;
+  MMPOST_CHECK_USAGE(ref.model->is_qwen2_vl() == sm.model->is_qwen2_vl(), src.string(),
+                     ": the reference model is ", ref.model->is_qwen2_vl() ? "a Qwen2-VL family"
+                     : "a LLaVA-style", " model but the policy is not (both must read the same "
+                     "inputs)");
   MMPOST_CHECK_USAGE(ref.model->config().text_config.vocab_size ==
                          sm.model->config().text_config.vocab_size,
                      src.string(), ": the reference model's vocabulary size differs from the policy's");

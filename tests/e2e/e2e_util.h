@@ -28,6 +28,18 @@ inline std::vector<nlohmann::json> train_rows(const std::filesystem::path& file)
   return out;
 }
 
+/// Rows of a metrics.jsonl that hold `key` (e.g. "eval/accuracy"), in file order.
+inline std::vector<nlohmann::json> read_lines_with(const std::filesystem::path& p,
+                                                   const std::string& key) {
+  std::vector<nlohmann::json> out;
+  io::JsonlReader r(p);
+  io::JsonlRecord rec;
+  while (r.next(rec)) {
+    if (rec.error.empty() && rec.value.contains(key)) out.push_back(rec.value);
+  }
+  return out;
+}
+
 /// A tiny SFT model folder (one step from random init) at dir/start: the start of dpo, rm and
 /// rlhf runs. REQUIREs that the run succeeds.
 inline std::filesystem::path tiny_model(const std::filesystem::path& dir) {

@@ -238,8 +238,8 @@ TEST_CASE("a model.config too large for the memory is refused before allocating"
   fs::remove_all(dir);
 }
 
-TEST_CASE("sft efficiency settings (fused AdamW, chunked loss, activation checkpointing, bf16 "
-          "mixed precision) keep step 1's loss and gradient norm", "[e2e]") {
+TEST_CASE("sft efficiency settings (fused AdamW, chunked loss, activation checkpointing, "
+          "packing, bf16 mixed precision) keep step 1's loss and gradient norm", "[e2e]") {
   auto dir = tmpdir("efficiency");
   const std::string base = "sft -r recipes/tiny/sft-tiny.json --set data.eval='\"\"' "
                            "train.max_steps=2 train.log_every_n_steps=1 data.shuffle_buffer=0 ";
@@ -256,13 +256,17 @@ TEST_CASE("sft efficiency settings (fused AdamW, chunked loss, activation checkp
   auto [dflt, dflt_log] = first_row("default", "");
   auto [ckpt, ckpt_log] =
       first_row("ckpt", "model.enable_activation_checkpointing=true train.logits_chunk_size=3");
+  // Packing: the same 16 samples in fewer rows (positions per sample, no cross-sample
+  // attention), so the same loss and gradient.
+  auto [packed, packed_log] = first_row("packed", "data.packing=true");
   auto [bf16, bf16_log] = first_row("bf16", "mixed_precision=bf16");
   const double loss = plain["loss"].get<double>(), gn = plain["grad_norm"].get<double>();
   CHECK(loss > 5.0);  // ~ ln 512 at random init
-  for (const auto* row : {&dflt, &ckpt}) {
+  for (const auto* row : {&dflt, &ckpt, &packed}) {
     CHECK(std::abs((*row)["loss"].get<double>() - loss) < 1e-5 * loss);
     CHECK(std::abs((*row)["grad_norm"].get<double>() - gn) < 1e-4 * gn);
   }
+  CHECK(packed.contains("padding_fraction"));
   // bf16 matmuls: close to float32, not equal.
   CHECK(std::abs(bf16["loss"].get<double>() - loss) < 2e-2 * loss);
   CHECK(bf16["loss"].get<double>() != loss);

@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "catch.h"
+#include "e2e_util.h"
 #include "mmpost/data/preference_dataset.h"
 #include "mmpost/hub/reward_model_folder.h"
 #include "mmpost/io/jsonl.h"
@@ -18,6 +19,7 @@
 
 namespace fs = std::filesystem;
 using namespace mmpost;
+using mmpost::testing::read_lines_with;
 
 namespace {
 struct RunResult {
@@ -62,15 +64,6 @@ fs::path write_digit_pairs(const fs::path& dir, int n, bool tag = false) {
   return out;
 }
 
-std::vector<nlohmann::json> read_lines_with(const fs::path& p, const std::string& key) {
-  std::vector<nlohmann::json> out;
-  io::JsonlReader r(p);
-  io::JsonlRecord rec;
-  while (r.next(rec)) {
-    if (rec.value.contains(key)) out.push_back(rec.value);
-  }
-  return out;
-}
 }  // namespace
 
 TEST_CASE("rm trains a reward model on digit pairs and the folder loads back", "[e2e]") {

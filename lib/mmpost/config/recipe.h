@@ -69,6 +69,7 @@ struct DataSection {
   int64_t shuffle_buffer = 1024;          // samples; 0 or 1 disables shuffling
   int64_t prefetch = 8;                   // batches queued ahead
   double cache_gb = 2.0;                  // preprocessed training samples kept across epochs
+  bool packing = false;                   // sft: pack each batch's samples into shared rows
   ImageSection image;
   template <class V>
   void visit(V& v) {
@@ -85,6 +86,11 @@ struct DataSection {
     v("cache_gb", cache_gb,
       "training samples (decoded, resized, tokenized) kept in memory after their first epoch "
       "and reused, up to this many GB (0: off); off while augmenting (image.random_shift, mDPO)");
+    v("packing", packing,
+      "sft: pack each micro-batch's samples into as few rows of up to max_length tokens as fit "
+      "(best-fit decreasing; a sample and its images are never split), with positions restarting "
+      "per sample and attention that never crosses samples: the same samples, targets and loss "
+      "per step as unpacked, with less padding");
     v("image", image, "image preprocessing");
   }
 };

@@ -57,12 +57,12 @@ std::vector<Message> parse_prompt(const nlohmann::json& record, const std::strin
 
 /// Completion ids/labels: encode(prompt + completion) minus the prompt prefix.
 void encode_completion(const std::vector<Message>& prompt, const std::vector<Message>& completion,
-                       const std::vector<int64_t>& prompt_ids, const SampleContext& ctx,
-                       const std::string& where, std::vector<int64_t>& ids,
-                       std::vector<int64_t>& labels) {
+                       const std::vector<int64_t>& prompt_ids, const TemplateOptions& popts,
+                       const SampleContext& ctx, const std::string& where,
+                       std::vector<int64_t>& ids, std::vector<int64_t>& labels) {
   std::vector<Message> conv = prompt;
   conv.insert(conv.end(), completion.begin(), completion.end());
-  TemplateOptions opts = ctx.template_options;
+  TemplateOptions opts = popts;
   opts.add_generation_prompt = false;
   auto enc = encode_conversation(conv, *ctx.tokenizer, opts);
   const size_t n = prompt_ids.size();
@@ -114,11 +114,20 @@ PreferenceSample make_preference_sample(const nlohmann::json& record, int64_t li
                     " <image> placeholder(s) in the prompt but ", images.size(), " image(s)");
 
   TemplateOptions popts = ctx.template_options;
+  QwenSampleImages qwen;
+  if (ctx.image.qwen) {  // images first: each one's grid decides its <|image_pad|> count
+    MMPOST_CHECK_USAGE(corruption == nullptr,
+                       "mdpo: the corrupted-image term does not run Qwen2-VL family models yet "
+                       "(their images are flattened patches)");
+    qwen = load_qwen2_vl_sample_images(images, ctx, where, ctx.load_images);
+    popts.image_token_counts = qwen.token_counts;
+  }
   popts.add_generation_prompt = true;
   auto penc = encode_conversation(s.prompt, *ctx.tokenizer, popts);
   s.prompt_ids = std::move(penc.input_ids);
-  encode_completion(s.prompt, chosen, s.prompt_ids, ctx, where, s.chosen_ids, s.chosen_labels);
-  encode_completion(s.prompt, rejected, s.prompt_ids, ctx, where, s.rejected_ids,
+  encode_completion(s.prompt, chosen, s.prompt_ids, popts, ctx, where, s.chosen_ids,
+                    s.chosen_labels);
+  encode_completion(s.prompt, rejected, s.prompt_ids, popts, ctx, where, s.rejected_ids,
                     s.rejected_labels);
 
   // ---- truncation: prompt (keep_end, never an image token), then completions ----------------
@@ -150,7 +159,11 @@ PreferenceSample make_preference_sample(const nlohmann::json& record, int64_t li
                     ": a completion has no supervised token left after truncation");
 
   check_image_files(images, ctx, where);
-  if (ctx.load_images) {
+  s.n_images = static_cast<int64_t>(images.size());
+  if (ctx.image.qwen) {
+    s.pixel_values = qwen.pixel_values;
+    s.image_grid_thw = qwen.image_grid_thw;
+  } else if (ctx.load_images) {
     s.pixel_values = load_sample_images(images, ctx, where, sample_seed);
     if (corruption != nullptr && s.pixel_values.defined()) {
       std::vector<torch::Tensor> bad;
@@ -170,6 +183,7 @@ PreferenceBatch PreferenceBatch::to(const torch::Device& device, torch::Dtype pi
   b.attention_mask = attention_mask.to(device);
   b.labels = labels.to(device);
   if (pixel_values.defined()) b.pixel_values = pixel_values.to(device, pixel_dtype);
+  if (image_grid_thw.defined()) b.image_grid_thw = image_grid_thw.to(device);
   if (corrupted_pixel_values.defined()) {
     b.corrupted_pixel_values = corrupted_pixel_values.to(device, pixel_dtype);
   }
@@ -202,20 +216,26 @@ PreferenceBatch collate_preference(const std::vector<PreferenceSample>& samples,
     }
   };
   PreferenceBatch b;
-  std::vector<torch::Tensor> pix, bad;
+  std::vector<torch::Tensor> pix, grids, bad;
   for (int64_t i = 0; i < B; ++i) {
     const auto& s = samples[i];
     fill(i, s, s.chosen_ids, s.chosen_labels);
     fill(B + i, s, s.rejected_ids, s.rejected_labels);
     b.ids.push_back(s.id);
     b.lines.push_back(s.line);
+    // The decoded images when there are any (samples built by hand may leave n_images at 0).
+    b.n_images.push_back(s.image_grid_thw.defined() ? s.image_grid_thw.size(0)
+                         : s.pixel_values.defined() ? s.pixel_values.size(0)
+                                                    : s.n_images);
     if (s.pixel_values.defined()) pix.push_back(s.pixel_values);
+    if (s.image_grid_thw.defined()) grids.push_back(s.image_grid_thw);
     if (s.corrupted_pixel_values.defined()) bad.push_back(s.corrupted_pixel_values);
   }
   b.input_ids = ids;
   b.attention_mask = mask;
   b.labels = labels;
   if (!pix.empty()) b.pixel_values = torch::cat(pix);
+  if (!grids.empty()) b.image_grid_thw = torch::cat(grids);
   if (!bad.empty()) b.corrupted_pixel_values = torch::cat(bad);
   b.batch_size = B;
   b.n_tokens = mask.sum().item<int64_t>();

@@ -42,7 +42,10 @@ struct PreferenceSample {
   std::vector<int64_t> chosen_labels;     // [Tc] algo::kIgnoreIndex on markers between replies
   std::vector<int64_t> rejected_ids;      // [Tr]
   std::vector<int64_t> rejected_labels;   // [Tr]
-  torch::Tensor pixel_values;             // [N, 3, H, W] float32 or undefined (N = 0)
+  torch::Tensor pixel_values;             // [N, 3, H, W] float32 or undefined (N = 0);
+                                          // Qwen2-VL: [sum of patches, 3 * t * p * p]
+  torch::Tensor image_grid_thw;           // Qwen2-VL: [N, 3] int64 (else undefined)
+  int64_t n_images = 0;                   // N
   torch::Tensor corrupted_pixel_values;   // [N, 3, H, W] mDPO only (else undefined)
   std::vector<Message> prompt;            // parsed prompt turns
   std::string chosen_text, rejected_text; // the completions' text (last assistant message)
@@ -51,7 +54,9 @@ struct PreferenceSample {
 /// Record -> PreferenceSample. Validates both sides (present, non-empty, assistant role only, no
 /// <image> in completions), that "<image>" placeholders in the prompt equal len(images), and
 /// applies `limits`. `corruption` (optional) also produces corrupted_pixel_values, seeded by
-/// `sample_seed`. Throws Error(kData) "SOURCE:LINE: ...".
+/// `sample_seed`. Qwen2-VL family (ctx.image.qwen): each image's grid decides its
+/// <|image_pad|> count, as for SFT; no corruption (Error kUsage). Throws Error(kData)
+/// "SOURCE:LINE: ...".
 PreferenceSample make_preference_sample(const nlohmann::json& record, int64_t line,
                                         const SampleContext& ctx, const PreferenceLimits& limits,
                                         const ImageCorruption* corruption = nullptr,
@@ -64,7 +69,10 @@ struct PreferenceBatch {
   torch::Tensor input_ids;        // [2B, T] int64
   torch::Tensor attention_mask;   // [2B, T] int64
   torch::Tensor labels;           // [2B, T] int64, algo::kIgnoreIndex on prompt and padding
-  torch::Tensor pixel_values;     // [N, 3, H, W] (undefined when no sample has images)
+  torch::Tensor pixel_values;     // [N, 3, H, W] (undefined when no sample has images);
+                                  // Qwen2-VL: [sum of patches, 3 * t * p * p]
+  torch::Tensor image_grid_thw;   // Qwen2-VL: [N, 3] int64, images in pair order (else undefined)
+  std::vector<int64_t> n_images;  // [B] images of each pair
   torch::Tensor corrupted_pixel_values;  // [N, 3, H, W] (mDPO; else undefined)
   std::vector<std::string> ids;   // [B]
   std::vector<int64_t> lines;     // [B] JSONL lines (keys of precomputed reference log-probs)

@@ -46,10 +46,9 @@ Pretrained load_pretrained(const fs::path& dir, bool merge_adapter) {
   const fs::path cfg_path = dir / "config.json";
   Pretrained p;
   if (is_qwen2_vl_folder(dir)) {
-    MMPOST_CHECK_USAGE(!has_lora_adapter(dir), dir.string(),
-                       ": LoRA adapters on Qwen2-VL family models are not supported yet");
     auto q = load_qwen2_vl_pretrained(dir);
     p.model = model::Vlm(q.model);
+    if (merge_adapter && has_lora_adapter(dir)) merge_lora_adapter(*p.model, dir);
     p.config = p.model->config();
     p.tokenizer_path = find_tokenizer(dir);
     p.image.qwen = q.image;

@@ -106,7 +106,10 @@ torch::Tensor causal_bias(const torch::Tensor& attention_mask, int64_t n_new,
   auto opts = torch::TensorOptions().dtype(torch::kInt64).device(attention_mask.device());
   auto q_pos = torch::arange(n_past, n_total, opts).unsqueeze(1);  // [T, 1]
   auto k_pos = torch::arange(0, n_total, opts).unsqueeze(0);       // [1, S + T]
-  auto allowed = (k_pos <= q_pos).unsqueeze(0) & attention_mask.to(torch::kBool).unsqueeze(1);
+  auto allowed = (k_pos <= q_pos).unsqueeze(0) & attention_mask.ne(0).unsqueeze(1);
+  // Packed rows: a token sees its own sample only (padding queries keep the plain rule).
+  auto q_seg = attention_mask.narrow(1, n_past, n_new).unsqueeze(2);  // [B, T, 1]
+  allowed = allowed & (attention_mask.unsqueeze(1) == q_seg | q_seg.eq(0));
   auto bias = torch::zeros(allowed.sizes(), opts.dtype(dtype));
   return bias.masked_fill_(allowed.logical_not(), lowest_value(dtype)).unsqueeze(1);  // [B,1,T,S+T]
 }

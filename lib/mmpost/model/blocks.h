@@ -109,9 +109,12 @@ class SwiGluMlpImpl : public torch::nn::Module {
 TORCH_MODULE(SwiGluMlp);
 
 /// Additive attention bias [B, 1, T, S + T] in `dtype` for T new queries after S cached tokens:
-/// query t sees key s iff s <= S + t and attention_mask[b, s] == 1. Masked entries hold the
-/// dtype's lowest value (finite, so fully padded rows stay NaN-free, as in HF).
-/// attention_mask: [B, S + T] (int or bool, 1 = keep).
+/// query t sees key s iff s <= S + t, attention_mask[b, s] != 0 and, for a query that is a token
+/// (mask != 0), the key carries the same mask value. With a 0/1 mask that is HF's causal +
+/// padding mask; a packed row (data::collate_packed: samples numbered 1, 2, ...) gets a
+/// block-diagonal causal mask, so no sample attends to another. Masked entries hold the dtype's
+/// lowest value (finite, so fully padded rows stay NaN-free, as in HF).
+/// attention_mask: [B, S + T] (int or bool; 0 = padding).
 torch::Tensor causal_bias(const torch::Tensor& attention_mask, int64_t n_new,
                           torch::ScalarType dtype);
 

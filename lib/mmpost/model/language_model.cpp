@@ -26,7 +26,7 @@ torch::Tensor LlamaDecoderLayerImpl::forward(const torch::Tensor& x, const torch
 }
 
 torch::Tensor default_position_ids(const torch::Tensor& attention_mask, int64_t n_new) {
-  auto pos = attention_mask.to(torch::kInt64).cumsum(/*dim=*/1) - 1;
+  auto pos = attention_mask.ne(0).to(torch::kInt64).cumsum(/*dim=*/1) - 1;
   pos = pos.clamp_min(0);
   return pos.narrow(/*dim=*/1, /*start=*/pos.size(1) - n_new, /*length=*/n_new);
 }

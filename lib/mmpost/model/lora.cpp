@@ -38,6 +38,7 @@ std::string transformers_module_path(const std::string& n) {
   if (n == "language_model.lm_head") return "lm_head";
   if (starts_with(n, "vision_tower.vision_model.")) return "model.vision_tower." + n.substr(26);
   if (starts_with(n, "multi_modal_projector.")) return "model." + n;
+  if (starts_with(n, "visual.")) return "model." + n;  // Qwen2-VL family
   return n;
 }
 

@@ -50,7 +50,8 @@ struct LoraSettings {
 /// writes: "language_model.model.layers.0.self_attn.q_proj" -> "model.language_model.layers.0.
 /// self_attn.q_proj", "vision_tower.vision_model.encoder..." -> "model.vision_tower.encoder...",
 /// "multi_modal_projector.linear_1" -> "model.multi_modal_projector.linear_1",
-/// "language_model.lm_head" -> "lm_head".
+/// "language_model.lm_head" -> "lm_head"; Qwen2-VL family: "visual.blocks.0.attn.qkv" ->
+/// "model.visual.blocks.0.attn.qkv" (Qwen2VLForConditionalGeneration's paths).
 std::string transformers_module_path(const std::string& vlm_name);
 
 /// The LoRA adapters of one model: attached to every targeted LoraLinear at construction, on the

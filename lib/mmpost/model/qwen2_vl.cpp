@@ -342,6 +342,15 @@ torch::Tensor Qwen2VLImpl::forward_hidden(const torch::Tensor& input_ids,
                                           torch::Tensor position_ids) {
   torch::Tensor features;
   if (pixel_values.defined()) features = image_features(pixel_values, image_grid_thw);
+  return forward_hidden_features(input_ids, features, image_grid_thw, attention_mask, cache,
+                                 std::move(position_ids));
+}
+
+torch::Tensor Qwen2VLImpl::forward_hidden_features(const torch::Tensor& input_ids,
+                                                   const torch::Tensor& features,
+                                                   const torch::Tensor& image_grid_thw,
+                                                   const torch::Tensor& attention_mask,
+                                                   KVCache* cache, torch::Tensor position_ids) {
   auto embeds = embed_features(input_ids, features);
   const int64_t B = input_ids.size(0), T = input_ids.size(1);
   const int64_t n_past = cache != nullptr ? cache->seq_len() : 0;

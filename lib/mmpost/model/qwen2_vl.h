@@ -129,6 +129,18 @@ class Qwen2VLImpl : public torch::nn::Module {
                                const torch::Tensor& attention_mask, KVCache* cache = nullptr,
                                torch::Tensor position_ids = {});
 
+  /// As forward_hidden from precomputed merged features [K, C] (image_features of the rows'
+  /// images, in row-major order; undefined: none) and those images' grids image_grid_thw [N, 3]
+  /// (for the M-RoPE positions), so one vision pass can serve several rows (chosen and rejected
+  /// of a preference pair, G rollouts of a prompt). Throws Error(kData) when tokens, features
+  /// and grids disagree.
+  torch::Tensor forward_hidden_features(const torch::Tensor& input_ids,
+                                        const torch::Tensor& features,
+                                        const torch::Tensor& image_grid_thw,
+                                        const torch::Tensor& attention_mask,
+                                        KVCache* cache = nullptr,
+                                        torch::Tensor position_ids = {});
+
   /// Logits [B, T, V] float32 (HF Qwen2VLForConditionalGeneration.forward). Arguments as in
   /// forward_hidden.
   torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& pixel_values,

@@ -33,7 +33,9 @@ const std::set<std::string> kQwenTextKeys = {
     "eos_token_id", "pad_token_id", "tie_word_embeddings"};
 const std::set<std::string> kQwenTopKeys = {
     "text_config", "vision_config", "image_token_id", "video_token_id", "vision_start_token_id",
-    "vision_end_token_id", "vision_token_id", "tie_word_embeddings"};
+    "vision_end_token_id", "vision_token_id", "tie_word_embeddings",
+    "num_labels",            // a reward model's head (hub/reward_model_folder reads it)
+    "mmpost_reward_model"};  // the same loader's own block
 
 // The rope settings of a text config: rope_parameters (transformers 5) or rope_scaling +
 // rope_theta (the hub's Qwen2-VL files). rope_type "mrope" is transformers' old name for the

@@ -30,20 +30,18 @@ RewardModelImpl::RewardModelImpl(Vlm vlm, double init_std) {
 
 torch::Tensor RewardModelImpl::forward_features(const torch::Tensor& input_ids,
                                                 const torch::Tensor& features,
-                                                const torch::Tensor& attention_mask) {
+                                                const torch::Tensor& attention_mask,
+                                                const torch::Tensor& image_grid_thw) {
   auto mask = attention_mask.defined() ? attention_mask : torch::ones_like(input_ids);
-  auto hidden = model->forward_hidden_features(input_ids, features, mask);  // [B, T, C]
+  auto hidden = model->forward_hidden_features(input_ids, features, mask, image_grid_thw);
   auto last = last_token_hidden(hidden, mask);                              // [B, C]
   return score(last).squeeze(-1).to(torch::kFloat32);                      // [B]
 }
 
-torch::Tensor RewardModelImpl::forward(const torch::Tensor& input_ids,
-                                       const torch::Tensor& pixel_values,
+torch::Tensor RewardModelImpl::forward(const torch::Tensor& input_ids, const Images& images,
                                        const torch::Tensor& attention_mask) {
-  const bool has_images = pixel_values.defined() && pixel_values.size(0) > 0;
-  return forward_features(input_ids, has_images ? model->image_features(pixel_values)
-                                                : torch::Tensor(),
-                          attention_mask);
+  return forward_features(input_ids, images.empty() ? torch::Tensor() : model->image_features(images),
+                          attention_mask, images.image_grid_thw);
 }
 
 }  // namespace mmpost::model

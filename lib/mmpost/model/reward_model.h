@@ -1,4 +1,4 @@
-// Reward model: the LLaVA VLM with a scalar head, as HF *ForSequenceClassification with
+// Reward model: the VLM (either family) with a scalar head, as HF *ForSequenceClassification with
 // num_labels = 1 (a bias-free Linear `score` on the final hidden state of the last real token).
 // Trained by `mmpost rm` (Bradley-Terry) and loaded by `mmpost rlhf` to score completions. Its
 // folder format (VLM folder + reward_head.safetensors) lives in hub/reward_model_folder.h.
@@ -24,13 +24,15 @@ class RewardModelImpl : public torch::nn::Module {
   /// device/dtype (HF initializer_range default 0.02; uses torch's global RNG: seed first).
   explicit RewardModelImpl(Vlm vlm, double init_std = 0.02);
 
-  /// Rewards [B] float32 from precomputed image features [N, P, C] (undefined = no images; see
-  /// VlmImpl::embed_features), input_ids / attention_mask [B, T].
+  /// Rewards [B] float32 from precomputed image features (undefined = no images; LLaVA
+  /// [N, P, C], Qwen2-VL family [K, C] with the images' grids image_grid_thw [N, 3]; see
+  /// VlmImpl::forward_hidden_features), input_ids / attention_mask [B, T].
   torch::Tensor forward_features(const torch::Tensor& input_ids, const torch::Tensor& features,
-                                 const torch::Tensor& attention_mask);
+                                 const torch::Tensor& attention_mask,
+                                 const torch::Tensor& image_grid_thw = {});
 
-  /// Rewards [B] float32 from pixel_values [N, 3, H, W] (undefined = no images).
-  torch::Tensor forward(const torch::Tensor& input_ids, const torch::Tensor& pixel_values,
+  /// Rewards [B] float32 from the rows' images (empty = none).
+  torch::Tensor forward(const torch::Tensor& input_ids, const Images& images,
                         const torch::Tensor& attention_mask);
 
   Vlm model{nullptr};

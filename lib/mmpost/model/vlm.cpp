@@ -57,25 +57,20 @@ torch::Tensor VlmImpl::embed_features(const torch::Tensor& input_ids,
   return embeds.masked_scatter(is_image.unsqueeze(-1), features.to(embeds.scalar_type()));
 }
 
-namespace {
-void check_llava_only(const VlmImpl& m, const char* what) {
-  MMPOST_CHECK_USAGE(!m.is_qwen2_vl(), what,
-                     " runs LLaVA models only: Qwen2-VL positions need the images' grids");
-}
-}  // namespace
-
 torch::Tensor VlmImpl::forward_features(const torch::Tensor& input_ids,
                                         const torch::Tensor& features,
-                                        const torch::Tensor& attention_mask) {
-  check_llava_only(*this, "forward_features");
-  return logits(language_model->forward(embed_features(input_ids, features), attention_mask,
-                                        torch::Tensor(), nullptr));
+                                        const torch::Tensor& attention_mask,
+                                        const torch::Tensor& image_grid_thw) {
+  return logits(forward_hidden_features(input_ids, features, attention_mask, image_grid_thw));
 }
 
 torch::Tensor VlmImpl::forward_hidden_features(const torch::Tensor& input_ids,
                                                const torch::Tensor& features,
-                                               const torch::Tensor& attention_mask) {
-  check_llava_only(*this, "forward_hidden_features");
+                                               const torch::Tensor& attention_mask,
+                                               const torch::Tensor& image_grid_thw) {
+  if (qwen2_vl) {
+    return qwen2_vl->forward_hidden_features(input_ids, features, image_grid_thw, attention_mask);
+  }
   return language_model->forward(embed_features(input_ids, features), attention_mask,
                                  torch::Tensor(), nullptr);
 }
@@ -101,6 +96,51 @@ torch::Tensor VlmImpl::forward(const torch::Tensor& input_ids, const Images& ima
 }
 
 Vlm build_vlm(const VlmConfig& config) { return Vlm(config); }
+
+torch::Tensor packed_position_ids(const VlmImpl& m, const torch::Tensor& input_ids,
+                                  const torch::Tensor& attention_mask,
+                                  const torch::Tensor& image_grid_thw) {
+  const auto ids = input_ids.to(torch::kCPU, torch::kInt64).contiguous();
+  const auto mask = attention_mask.to(torch::kCPU, torch::kInt64).contiguous();
+  const int64_t B = ids.size(0), T = ids.size(1);
+  const bool qwen = m.is_qwen2_vl();
+  auto out = torch::zeros({qwen ? 3 : 1, B, T}, torch::kInt64);
+  const auto grids = image_grid_thw.defined() ? image_grid_thw.to(torch::kCPU, torch::kInt64)
+                                              : torch::zeros({0, 3}, torch::kInt64);
+  int64_t merge = 1, image_token = m.config().image_token_index;
+  if (qwen) merge = m.qwen2_vl->config().vision_config.spatial_merge_size;
+  auto ma = mask.accessor<int64_t, 2>();
+  int64_t next_grid = 0;  // grids are consumed in row-major sample order
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t a = 0; a < T;) {
+      if (ma[b][a] == 0) {
+        ++a;
+        continue;
+      }
+      int64_t e = a;
+      while (e < T && ma[b][e] == ma[b][a]) ++e;
+      const int64_t L = e - a;
+      if (!qwen) {
+        out[0][b].narrow(0, a, L).copy_(torch::arange(L, torch::kInt64));
+      } else {
+        auto seg = ids[b].narrow(0, a, L).unsqueeze(0);  // [1, L]
+        int64_t tokens = seg.eq(image_token).sum().item<int64_t>(), n_grids = 0;
+        while (tokens > 0 && next_grid + n_grids < grids.size(0)) {
+          tokens -= grids[next_grid + n_grids].prod().item<int64_t>() / (merge * merge);
+          ++n_grids;
+        }
+        MMPOST_CHECK_DATA(tokens == 0, "packed batch: row ", b, "'s sample at token ", a,
+                          " holds image tokens that the images' grids do not cover");
+        auto g = n_grids > 0 ? grids.narrow(0, next_grid, n_grids) : torch::Tensor();
+        next_grid += n_grids;
+        auto pos = mrope_position_ids(seg, g, {}, image_token, merge).first;  // [3, 1, L]
+        out.select(1, b).narrow(1, a, L).copy_(pos.select(1, 0));
+      }
+      a = e;
+    }
+  }
+  return qwen ? out : out[0];
+}
 
 void VlmImpl::set_activation_checkpointing(bool on) {
   if (qwen2_vl) {

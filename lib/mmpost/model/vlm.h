@@ -61,17 +61,21 @@ class VlmImpl : public torch::nn::Module {
   torch::Tensor embed_features(const torch::Tensor& input_ids, const torch::Tensor& features);
 
   /// Logits [B, T, V] float32 from precomputed image features (see embed_features);
-  /// attention_mask as in forward_hidden, no cache. LLaVA only (Qwen2-VL positions need the
-  /// image grids: use forward); throws Error(kUsage) for a Qwen2-VL model.
+  /// attention_mask as in forward_hidden, no cache. Qwen2-VL family: `features` [K, C] and the
+  /// grids image_grid_thw [N, 3] of the images they came from, in row-major order (the M-RoPE
+  /// positions need them); LLaVA ignores image_grid_thw. Throws Error(kData) when image tokens,
+  /// features and grids disagree.
   torch::Tensor forward_features(const torch::Tensor& input_ids, const torch::Tensor& features,
-                                 const torch::Tensor& attention_mask);
+                                 const torch::Tensor& attention_mask,
+                                 const torch::Tensor& image_grid_thw = {});
 
-  /// Hidden states [B, T, C] after the final norm from precomputed image features (see
-  /// embed_features); attention_mask as in forward_hidden, no cache. Used by reward models, whose
-  /// score head reads the hidden state of the last non-pad token.
+  /// Hidden states [B, T, C] after the final norm from precomputed image features (arguments as
+  /// in forward_features). Used by reward models, whose score head reads the hidden state of
+  /// the last non-pad token, and by the chunked LM head.
   torch::Tensor forward_hidden_features(const torch::Tensor& input_ids,
                                         const torch::Tensor& features,
-                                        const torch::Tensor& attention_mask);
+                                        const torch::Tensor& attention_mask,
+                                        const torch::Tensor& image_grid_thw = {});
 
   /// Hidden states [B, T, C] after the final norm. attention_mask [B, S + T] (1 = keep; covers
   /// cached tokens; undefined = all ones); position_ids [B, T] (undefined = cumsum(mask) - 1;
@@ -103,6 +107,16 @@ class VlmImpl : public torch::nn::Module {
   VlmConfig config_;
 };
 TORCH_MODULE(Vlm);
+
+/// Position ids of a packed batch (data::collate_packed: attention_mask numbers each row's
+/// samples 1, 2, ..., 0 = padding): every sample gets the positions it has alone. LLaVA:
+/// [B, T] int64, 0 .. L-1 per sample. Qwen2-VL family: [3, B, T] M-RoPE (mrope_position_ids of
+/// the sample's tokens with its images' grids, taken in order from image_grid_thw [N, 3]).
+/// Padding gets 0. Reads the tensors on the CPU; returns CPU tensors. Throws Error(kData) when
+/// image tokens and grids disagree.
+torch::Tensor packed_position_ids(const VlmImpl& m, const torch::Tensor& input_ids,
+                                  const torch::Tensor& attention_mask,
+                                  const torch::Tensor& image_grid_thw);
 
 /// Builds a LLaVA model from its config (validated first; throws mmpost::Error kUsage).
 Vlm build_vlm(const VlmConfig& config);

@@ -40,13 +40,14 @@ std::unique_ptr<data::StreamingLoader<data::PreferenceSample>> file_order_loader
 
 namespace {
 /// token_stats of each row run alone: row r's first L_r = attention_mask[r].sum() tokens (the
-/// batch is right-padded) with its own images' features (`features_of_row[r]` [k, P, C], from
-/// the vision tower run on that sample's images only; undefined for none), padded back to
-/// [R, T-1]. Nothing of another row or of the padding
-/// enters a row's arithmetic, so its values do not depend on the batch it came in.
+/// batch is right-padded) with its own images' features (`features_of_row[r]`, from the vision
+/// tower run on that sample's images only, and their grids `grids_of_row[r]` for the Qwen2-VL
+/// family; undefined for none), padded back to [R, T-1]. Nothing of another row or of the
+/// padding enters a row's arithmetic, so its values do not depend on the batch it came in.
 algo::TokenStats padding_free_stats(model::Vlm& model, const torch::Tensor& ids,
                                     const torch::Tensor& mask, const torch::Tensor& labels,
                                     const std::vector<torch::Tensor>& features_of_row,
+                                    const std::vector<torch::Tensor>& grids_of_row,
                                     bool with_log_sum_sq) {
   const int64_t R = ids.size(0), T = ids.size(1);
   const auto lengths = mask.sum(/*dim=*/1).to(torch::kCPU, torch::kInt64);
@@ -54,7 +55,8 @@ algo::TokenStats padding_free_stats(model::Vlm& model, const torch::Tensor& ids,
   for (int64_t r = 0; r < R; ++r) {
     const int64_t L = std::max<int64_t>(1, lengths[r].item<int64_t>());
     auto logits = model->forward_features(ids[r].narrow(0, 0, L).unsqueeze(0), features_of_row[r],
-                                          mask[r].narrow(0, 0, L).unsqueeze(0));  // [1, L, V]
+                                          mask[r].narrow(0, 0, L).unsqueeze(0),
+                                          grids_of_row[r]);  // [1, L, V]
     auto st = algo::token_stats(logits, labels[r].narrow(0, 0, L).unsqueeze(0), with_log_sum_sq);
     const int64_t pad = (T - 1) - st.logps.size(1);
     namespace F = torch::nn::functional;
@@ -68,6 +70,34 @@ algo::TokenStats padding_free_stats(model::Vlm& model, const torch::Tensor& ids,
   out.mask = torch::cat(masks);
   if (with_log_sum_sq) out.log_sum_sq = torch::cat(lss);
   out.logits_sum = torch::cat(sums);
+  return out;
+}
+
+/// Pair i's images of a batch (b.n_images[i] of them, pairs in order): LLaVA rows of
+/// pixel_values; Qwen2-VL family patches (t * h * w per image) with their grid rows.
+struct PairImages {
+  model::Images images, corrupted;
+};
+std::vector<PairImages> images_per_pair(const data::PreferenceBatch& b) {
+  std::vector<PairImages> out(b.batch_size);
+  if (!b.pixel_values.defined()) return out;
+  const bool qwen = b.image_grid_thw.defined();
+  torch::Tensor patches;  // [N] patches per image (Qwen2-VL)
+  if (qwen) patches = b.image_grid_thw.prod(/*dim=*/1).to(torch::kCPU, torch::kInt64);
+  int64_t image = 0, row = 0;  // first image / pixel_values row of pair i
+  for (int64_t i = 0; i < b.batch_size; ++i) {
+    const int64_t k = b.n_images[i];
+    if (k == 0) continue;
+    const int64_t rows = qwen ? patches.narrow(0, image, k).sum().item<int64_t>() : k;
+    out[i].images.pixel_values = b.pixel_values.narrow(0, row, rows);
+    if (qwen) out[i].images.image_grid_thw = b.image_grid_thw.narrow(0, image, k);
+    if (b.corrupted_pixel_values.defined()) {
+      out[i].corrupted = out[i].images;
+      out[i].corrupted.pixel_values = b.corrupted_pixel_values.narrow(0, row, rows);
+    }
+    image += k;
+    row += rows;
+  }
   return out;
 }
 }  // namespace
@@ -84,43 +114,42 @@ PreferenceForward preference_forward(model::Vlm& model, const data::PreferenceBa
     mask = torch::cat({mask, b.attention_mask.narrow(0, 0, B)});
     labels = torch::cat({labels, b.labels.narrow(0, 0, B)});
   }
+  const int64_t R = ids.size(0);
   algo::TokenStats stats;
   if (padding_free) {
-    // Images of pair i: its chosen row's image tokens / tokens per image, in order.
-    const int64_t per_image = model->config().n_image_tokens();
-    const auto n_img = b.input_ids.narrow(0, 0, B)
-                           .eq(model->config().image_token_index)
-                           .sum(/*dim=*/1)
-                           .div(per_image, "floor")
-                           .to(torch::kCPU, torch::kInt64);
     // One vision pass per sample (its images alone), shared by its chosen and rejected rows.
-    std::vector<torch::Tensor> features(ids.size(0));
-    int64_t offset = 0;
+    std::vector<torch::Tensor> features(R), grids(R);
+    const auto pairs = images_per_pair(b);
     for (int64_t i = 0; i < B; ++i) {
-      const int64_t k = n_img[i].item<int64_t>();
-      if (k > 0 && b.pixel_values.defined()) {
-        features[i] = features[B + i] = model->image_features(b.pixel_values.narrow(0, offset, k));
-        if (with_corrupted) {
-          features[2 * B + i] = model->image_features(b.corrupted_pixel_values.narrow(0, offset, k));
-        }
+      if (pairs[i].images.empty()) continue;
+      features[i] = features[B + i] = model->image_features(pairs[i].images);
+      grids[i] = grids[B + i] = pairs[i].images.image_grid_thw;
+      if (with_corrupted) {
+        features[2 * B + i] = model->image_features(pairs[i].corrupted);
+        grids[2 * B + i] = pairs[i].corrupted.image_grid_thw;
       }
-      offset += k;
     }
-    stats = padding_free_stats(model, ids, mask, labels, features, with_log_sum_sq);
+    stats = padding_free_stats(model, ids, mask, labels, features, grids, with_log_sum_sq);
   } else {
-    torch::Tensor features;  // [N, P, C] once per image
-    if (b.pixel_values.defined()) features = model->image_features(b.pixel_values);
-    torch::Tensor row_features;
-    if (features.defined()) row_features = torch::cat({features, features});
-    if (with_corrupted && features.defined()) {
-      row_features = torch::cat({row_features, model->image_features(b.corrupted_pixel_values)});
+    // Image features once per image ([N, P, C] LLaVA, [K, C] Qwen2-VL), repeated for the rows.
+    torch::Tensor row_features, row_grids;
+    if (b.pixel_values.defined()) {
+      auto features = model->image_features(model::Images(b.pixel_values, b.image_grid_thw));
+      row_features = torch::cat({features, features});
+      if (b.image_grid_thw.defined()) row_grids = torch::cat({b.image_grid_thw, b.image_grid_thw});
+      if (with_corrupted) {
+        row_features = torch::cat(
+            {row_features,
+             model->image_features(model::Images(b.corrupted_pixel_values, b.image_grid_thw))});
+        if (row_grids.defined()) row_grids = torch::cat({row_grids, b.image_grid_thw});
+      }
     }
     if (chunk_rows > 0 && !with_log_sum_sq) {
-      auto hidden = model->forward_hidden_features(ids, row_features, mask);  // [2B or 3B, T, C]
+      auto hidden = model->forward_hidden_features(ids, row_features, mask, row_grids);  // [R, T, C]
       stats = algo::token_stats_from_hidden(hidden, model->language_model->output_weight(), labels,
                                             chunk_rows);
     } else {
-      auto logits = model->forward_features(ids, row_features, mask);  // [2B or 3B, T, V] float32
+      auto logits = model->forward_features(ids, row_features, mask, row_grids);  // [R, T, V] f32
       stats = algo::token_stats(logits, labels, with_log_sum_sq);
     }
   }

@@ -23,6 +23,28 @@ Tensor repeat_index(const std::vector<int64_t>& counts, int64_t G, const torch::
   return torch::tensor(index, torch::kInt64).to(device);
 }
 
+/// Rows of pixel_values per image: 1 (LLaVA: [N, 3, H, W]) or t * h * w patches (Qwen2-VL
+/// family, from image_grid_thw [N, 3]).
+std::vector<int64_t> rows_per_image(const Tensor& pixel_values, const Tensor& image_grid_thw) {
+  if (!pixel_values.defined()) return {};
+  if (!image_grid_thw.defined()) return std::vector<int64_t>(pixel_values.size(0), 1);
+  auto n = image_grid_thw.prod(/*dim=*/1).to(torch::kCPU, torch::kInt64).contiguous();
+  return {n.data_ptr<int64_t>(), n.data_ptr<int64_t>() + n.numel()};
+}
+
+/// Sums consecutive groups of `per_item` (counts[i] items each) -> one total per group.
+std::vector<int64_t> group_sums(const std::vector<int64_t>& per_item,
+                                const std::vector<int64_t>& counts, int64_t first_item = 0) {
+  std::vector<int64_t> out;
+  int64_t k = first_item;
+  for (int64_t c : counts) {
+    int64_t sum = 0;
+    for (int64_t j = 0; j < c; ++j) sum += per_item[k++];
+    out.push_back(sum);
+  }
+  return out;
+}
+
 }  // namespace
 
 Rollout sample_rollout(model::Vlm& model, const std::vector<data::SftSample>& samples,
@@ -35,19 +57,24 @@ Rollout sample_rollout(model::Vlm& model, const std::vector<data::SftSample>& sa
   r.prompt_index = std::move(prompt_index);
   auto pb = data::collate_prompts(samples, pad_id).to(device, dtype);
   for (const auto& s : samples) {
-    r.image_counts.push_back(s.pixel_values.defined() ? s.pixel_values.size(0) : 0);
+    const auto& images = s.image_grid_thw.defined() ? s.image_grid_thw : s.pixel_values;
+    r.image_counts.push_back(images.defined() ? images.size(0) : 0);
   }
   r.pixel_values = pb.pixel_values;
-  auto rep = model::repeat_interleave_batch(pb.input_ids, pb.attention_mask, pb.pixel_values,
-                                            r.image_counts, G);
+  r.image_grid_thw = pb.image_grid_thw;
+  auto rep = model::repeat_interleave_batch(pb.input_ids, pb.attention_mask,
+                                            {pb.pixel_values, pb.image_grid_thw}, r.image_counts,
+                                            G);
   r.prompt_ids = rep.input_ids;
   r.prompt_mask = rep.attention_mask;
   r.row_pixel_values = rep.pixel_values;
+  r.row_image_grid_thw = rep.image_grid_thw;
   model->eval();
   model::GenerationOutput go;
   {
     torch::NoGradGuard no_grad;
-    go = model::generate(model, rep.input_ids, rep.attention_mask, rep.pixel_values, gen);
+    go = model::generate(model, rep.input_ids, rep.attention_mask,
+                         {rep.pixel_values, rep.image_grid_thw}, gen);
   }
   model->train();
   const int64_t Tc = go.sequences.size(1);
@@ -64,14 +91,23 @@ Rollout sample_rollout(model::Vlm& model, const std::vector<data::SftSample>& sa
 Rollout select_prompts(const Rollout& r, const std::vector<int64_t>& keep) {
   Rollout o = r;
   o.P = static_cast<int64_t>(keep.size());
-  std::vector<int64_t> rows, images, firsts;
-  int64_t first = 0;
-  for (int64_t c : r.image_counts) firsts.push_back(first), first += c;
+  // pixel_values rows of each prompt: its images (LLaVA) or their patches (Qwen2-VL).
+  const auto pixel_rows = group_sums(rows_per_image(r.pixel_values, r.image_grid_thw),
+                                     r.image_counts);
+  std::vector<int64_t> rows, images, patches, firsts, patch_firsts;
+  int64_t first = 0, patch_first = 0;
+  for (size_t p = 0; p < r.image_counts.size(); ++p) {
+    firsts.push_back(first), first += r.image_counts[p];
+    if (!pixel_rows.empty()) patch_firsts.push_back(patch_first), patch_first += pixel_rows[p];
+  }
   o.image_counts.clear();
   o.prompt_index.clear();
   for (int64_t p : keep) {
     for (int64_t g = 0; g < r.G; ++g) rows.push_back(p * r.G + g);
     for (int64_t k = 0; k < r.image_counts[p]; ++k) images.push_back(firsts[p] + k);
+    if (!pixel_rows.empty()) {
+      for (int64_t k = 0; k < pixel_rows[p]; ++k) patches.push_back(patch_firsts[p] + k);
+    }
     o.image_counts.push_back(r.image_counts[p]);
     o.prompt_index.push_back(r.prompt_index[p]);
   }
@@ -86,10 +122,16 @@ Rollout select_prompts(const Rollout& r, const std::vector<int64_t>& keep) {
     if (t->defined()) *t = t->index_select(0, ri_cpu.to(t->device()));
   }
   o.row_pixel_values = Tensor();  // per-row images are only needed before selection (rewards)
+  o.row_image_grid_thw = Tensor();
   if (r.pixel_values.defined()) {
-    o.pixel_values = images.empty() ? Tensor()
-                                    : r.pixel_values.index_select(
-                                          0, torch::tensor(images, torch::kInt64).to(dev));
+    o.pixel_values = patches.empty() ? Tensor()
+                                     : r.pixel_values.index_select(
+                                           0, torch::tensor(patches, torch::kInt64).to(dev));
+  }
+  if (r.image_grid_thw.defined()) {
+    o.image_grid_thw = images.empty() ? Tensor()
+                                      : r.image_grid_thw.index_select(
+                                            0, torch::tensor(images, torch::kInt64).to(dev));
   }
   return o;
 }
@@ -97,12 +139,24 @@ Rollout select_prompts(const Rollout& r, const std::vector<int64_t>& keep) {
 TokenForward completion_forward(model::Vlm& m, const Rollout& r, int64_t p0, int64_t p1,
                                 bool keep_logits, int64_t chunk_rows) {
   const int64_t G = r.G, rows0 = p0 * G, rows = (p1 - p0) * G;
-  Tensor features;
+  Tensor features, grids;
   int64_t img0 = 0, n_img = 0;
   for (int64_t p = 0; p < p0; ++p) img0 += r.image_counts[p];
   std::vector<int64_t> counts(r.image_counts.begin() + p0, r.image_counts.begin() + p1);
   for (int64_t c : counts) n_img += c;
-  if (n_img > 0) {
+  if (n_img > 0 && r.image_grid_thw.defined()) {
+    // Qwen2-VL family: features [K, C], t * h * w / merge^2 rows per image.
+    const auto per_image = rows_per_image(r.pixel_values, r.image_grid_thw);
+    const int64_t row0 = group_sums(per_image, {img0}).front();
+    const int64_t n_rows = group_sums(per_image, {n_img}, img0).front();
+    auto grid = r.image_grid_thw.narrow(0, img0, n_img);
+    auto f = m->image_features(model::Images(r.pixel_values.narrow(0, row0, n_rows), grid));
+    const int64_t unit = n_rows / f.size(0);  // merge^2 patches per feature row
+    auto tokens = group_sums(per_image, counts, img0);
+    for (auto& t : tokens) t /= unit;
+    features = f.index_select(0, repeat_index(tokens, G, f.device()));
+    grids = grid.index_select(0, repeat_index(counts, G, grid.device()));
+  } else if (n_img > 0) {
     auto f = m->image_features(r.pixel_values.narrow(0, img0, n_img));  // [n, P, C] once
     features = f.index_select(0, repeat_index(counts, G, f.device()));
   }
@@ -110,7 +164,7 @@ TokenForward completion_forward(model::Vlm& m, const Rollout& r, int64_t p0, int
   auto cmask = r.mask.narrow(0, rows0, rows);
   auto ids = torch::cat({r.prompt_ids.narrow(0, rows0, rows), comp}, 1);  // [rows, Tp + Tc]
   auto mask = torch::cat({r.prompt_mask.narrow(0, rows0, rows), cmask.to(torch::kInt64)}, 1);
-  auto h = m->forward_hidden_features(ids, features, mask);  // [rows, Tp + Tc, C]
+  auto h = m->forward_hidden_features(ids, features, mask, grids);  // [rows, Tp + Tc, C]
   const int64_t Tp = r.prompt_ids.size(1), Tc = comp.size(1);
   TokenForward out;
   out.hidden = h.narrow(1, Tp - 1, Tc);  // position Tp-1+t predicts completion token t

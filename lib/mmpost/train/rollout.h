@@ -19,9 +19,12 @@ namespace mmpost::train {
 struct Rollout {
   int64_t P = 0, G = 0;
   torch::Tensor prompt_ids, prompt_mask;     // [P*G, Tp] int64, left padded
-  torch::Tensor pixel_values;                // [N, 3, H, W] the P prompts' images once (or undefined)
+  torch::Tensor pixel_values;                // [N, 3, H, W] the P prompts' images once (or undefined);
+                                             // Qwen2-VL: [patches, D] with image_grid_thw
+  torch::Tensor image_grid_thw;              // Qwen2-VL: [N, 3] int64 (else undefined)
   std::vector<int64_t> image_counts;         // [P] images per prompt
   torch::Tensor row_pixel_values;            // [N*G, 3, H, W] images repeated per row (reward models)
+  torch::Tensor row_image_grid_thw;          // Qwen2-VL: [N*G, 3] (else undefined)
   torch::Tensor completion;                  // [P*G, Tc] int64 sampled ids (pad after the end)
   torch::Tensor mask;                        // [P*G, Tc] float32, 1 on completion tokens (EOS/stop incl.)
   torch::Tensor lengths;                     // [P*G] int64 completion lengths (CPU)
