@@ -66,9 +66,10 @@ data::Qwen2VLImageConfig image_config() {
   return c;
 }
 
-// DIR/start: a tiny random Qwen2-VL folder (the golden fixture's sizes, 608 ids).
-fs::path write_start_model(const fs::path& dir) {
-  auto cj = read_json_file(kGoldenFixtures / "qwen2_vl_tiny/config.json");
+// DIR/start: a tiny random Qwen2-VL folder (the golden fixture's sizes, 608 ids);
+// `fixture` "qwen2_5_vl_tiny" gives a Qwen2.5-VL one (window attention, SwiGLU vision blocks).
+fs::path write_start_model(const fs::path& dir, const std::string& fixture = "qwen2_vl_tiny") {
+  auto cj = read_json_file(kGoldenFixtures / fixture / "config.json");
   cj["text_config"]["vocab_size"] = 608;
   cj["text_config"]["eos_token_id"] = 2;
   cj["image_token_id"] = kImagePad;
@@ -515,4 +516,56 @@ TEST_CASE("LoRA on a Qwen2-VL folder: PEFT loads the adapter onto the transforme
   auto rows = train_rows(dpo_out / "metrics.jsonl");
   REQUIRE(rows.size() == 1);
   CHECK(rows[0]["loss"].get<double>() == Approx(std::log(2.0)).margin(1e-6));
+}
+
+TEST_CASE("a Qwen2.5-VL hub folder runs sft (packed and unpacked), dpo and rlhf", "[e2e][qwen2vl]") {
+  TempDir tmp("qwen25vl_stages");
+  const auto start = write_start_model(tmp.path, "qwen2_5_vl_tiny");
+  const auto data_path = write_data(tmp.path);
+  const auto prefs = write_photo_prefs(tmp.path);
+  auto p = hub::load_pretrained(start);
+  REQUIRE(p.model->is_qwen2_vl());
+  REQUIRE(p.model->qwen2_vl->config().variant == model::Qwen2VLVariant::kQwen2_5VL);
+  auto tok = hub::load_tokenizer(p.tokenizer_path);
+  auto b = data::collate(read_samples(data_path, qwen_context(p, *tok, data_path)), 0);
+  double expected = 0;
+  {
+    torch::NoGradGuard ng;
+    p.model->eval();
+    auto logits = p.model->forward(b.input_ids, {b.pixel_values, b.image_grid_thw}, b.attention_mask);
+    expected = (algo::sft_loss_sum(logits, b.labels) /
+                static_cast<double>(algo::n_supervised_targets(b.labels)))
+                   .item<double>();
+  }
+  io::write_text_atomic(tmp.path / "r.json", R"({
+    "seed": 1, "device": "cpu", "num_threads": 1,
+    "model": {"path": ")" + start.string() + R"("},
+    "data": {"train": ")" + data_path.string() + R"(", "max_length": 256, "num_workers": 1},
+    "optim": {"lr": 1e-3, "weight_decay": 0.0},
+    "scheduler": {"name": "constant", "warmup_steps": 0},
+    "train": {"batch_size": 4, "max_steps": 1, "log_every_n_steps": 1, "save_every_n_steps": 0}
+  })");
+  const std::string recipe = (tmp.path / "r.json").string();
+  auto run = [&](const std::string& name, const std::string& args) {
+    auto r = run_cli(args + " --output " + (tmp.path / name).string(), tmp.path / ("log_" + name));
+    INFO(name << ": " << r.err);
+    REQUIRE(r.code == 0);
+    return train_rows(tmp.path / name / "metrics.jsonl");
+  };
+  for (const char* packing : {"false", "true"}) {
+    INFO("packing " << packing);
+    auto rows = run(std::string("sft_") + packing,
+                    "sft -r " + recipe + " --set data.packing=" + packing);
+    REQUIRE(rows.size() == 1);
+    CHECK(rows[0]["loss"].get<double>() == Approx(expected).epsilon(1e-5));
+  }
+  auto dpo = run("dpo", "dpo -r " + recipe + " --set data.train=" + prefs.string() +
+                            " train.batch_size=3");
+  REQUIRE(dpo.size() == 1);
+  CHECK(dpo[0]["loss"].get<double>() == Approx(std::log(2.0)).margin(1e-6));
+  auto rl = run("rlhf", "rlhf -r " + recipe +
+                          " --set rlhf.num_generations=2 rlhf.max_completion_length=4"
+                          " rlhf.temperature=1.0 rlhf.rewards='[{\"name\": \"exact_match\"}]'");
+  REQUIRE(rl.size() == 1);
+  CHECK(hub::is_qwen2_vl_folder(tmp.path / "rlhf"));
 }
