@@ -14,6 +14,9 @@
 #include "mmpost/core/check.h"
 #include "mmpost/data/image.h"
 #include "mmpost/data/qwen2_vl_image.h"
+#include "mmpost/data/sft_dataset.h"
+#include "mmpost/hub/hf_folder.h"
+#include "mmpost/model/qwen2_vl.h"
 #include "mmpost/io/safetensors.h"
 
 using namespace mmpost;
@@ -296,4 +299,37 @@ TEST_CASE("Qwen2-VL image processor refuses unknown config keys and extreme aspe
   const auto out = preprocess_qwen2_vl_image(whole, cfg);
   CHECK(out.pixel_values.sizes() == torch::IntArrayRef{4 * 6, 3 * 2 * 14 * 14});
   CHECK(out.n_image_tokens == 6);
+}
+
+TEST_CASE("a Qwen2-VL training sample equals transformers' Qwen2VLProcessor output: input_ids, "
+          "pixel_values, grids and M-RoPE positions", "[golden][qwen2vl]") {
+  // scripts/golden/make_qwen2_vl_pipeline_fixture.py: a two-image, two-turn conversation on
+  // real photos through the chat template, tokenizer, image processor and get_rope_index.
+  const fs::path dir = fs::path(MMPOST_SOURCE_DIR) / "tests/golden/fixtures/qwen2_vl_pipeline";
+  const auto expected = io::load_safetensors(dir / "expected.safetensors");
+  auto tok = hub::load_tokenizer(dir / "tokenizer.json");
+  SampleContext ctx;
+  ctx.tokenizer = tok.get();
+  ctx.template_options.chat_template = ChatTemplate::kQwen2Vl;
+  ctx.template_options.image_token_id = 602;
+  ctx.template_options.image_text = "<|image_pad|>";
+  ctx.image.qwen = read_qwen2_vl_preprocessor_config((dir / "preprocessor_config.json").string());
+  ctx.base_dir = kDir;  // the photos
+  ctx.source = (dir / "record.json").string();
+  ctx.max_length = 512;
+  const auto s = make_sft_sample(read_json(dir / "record.json"), 1, ctx);
+  const auto& ids = expected.at("input_ids");  // [1, T]
+  CHECK(s.input_ids == to_vector(ids));
+  REQUIRE(s.pixel_values.sizes() == expected.at("pixel_values").sizes());
+  CHECK(max_abs_diff(s.pixel_values, expected.at("pixel_values")) == 0.0);
+  CHECK(to_vector(s.image_grid_thw) == to_vector(expected.at("image_grid_thw")));
+  auto [pos, deltas] = model::mrope_position_ids(torch::tensor(s.input_ids).unsqueeze(0),
+                                                 s.image_grid_thw, {}, 602, 2);
+  CHECK(to_vector(pos) == to_vector(expected.at("position_ids")));
+  CHECK(to_vector(deltas) == to_vector(expected.at("rope_deltas")));
+  // Labels: the two replies and their <|im_end|>, nothing else.
+  int64_t supervised = 0;
+  for (int64_t l : s.labels) supervised += l != -100;
+  const auto reply1 = tok->encode("a rocket", false), reply2 = tok->encode("an astronaut", false);
+  CHECK(supervised == static_cast<int64_t>(reply1.size() + 1 + reply2.size() + 1));
 }
