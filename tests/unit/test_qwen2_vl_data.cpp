@@ -7,6 +7,7 @@
 
 #include "mmpost/algo/ignore_index.h"
 #include "mmpost/data/collate.h"
+#include "mmpost/data/preference_dataset.h"
 #include "mmpost/data/sft_dataset.h"
 #include "mmpost/io/checkpoint.h"
 
@@ -118,4 +119,43 @@ TEST_CASE("Qwen2-VL samples expand each image to its grid's token count", "[unit
   auto bad = rec;
   bad["images"] = {"chelsea.png"};
   CHECK_THROWS_WITH(make_sft_sample(bad, 7, ctx), Catch::Contains("mem.jsonl:7"));
+}
+
+TEST_CASE("Qwen2-VL preference prompts keep whole images when truncated", "[unit][qwen2vl]") {
+  mmpost::testing::TempDir dir("qwen_prefs");
+  Tokenizer tok(qwen_tokenizer(dir.path).string());
+  const int64_t vs = 600, pad = 602;
+  SampleContext ctx;
+  ctx.tokenizer = &tok;
+  ctx.template_options.chat_template = ChatTemplate::kQwen2Vl;
+  ctx.template_options.image_token_id = pad;
+  ctx.template_options.image_text = "<|image_pad|>";
+  Qwen2VLImageConfig q;
+  q.min_pixels = 28 * 28;
+  q.max_pixels = 28 * 28 * 16;
+  ctx.image.qwen = q;
+  ctx.base_dir = mmpost::testing::kGoldenFixtures / "qwen2_vl_processor";
+  ctx.source = "prefs.jsonl";
+  const nlohmann::json rec = {
+      {"images", {"rocket.png"}},
+      {"prompt", {{{"role", "user"}, {"content", "<image>what is this?"}}}},
+      {"chosen", "a rocket"},
+      {"rejected", "a cat"}};
+  auto whole = make_preference_sample(rec, 3, ctx, {});
+  CHECK(whole.n_images == 1);
+  CHECK(whole.image_grid_thw.size(0) == 1);
+  // Keep the prompt from its first <|image_pad|> on: the cut would drop <|vision_start|> only.
+  const auto& ids = whole.prompt_ids;
+  const auto first_pad = std::find(ids.begin(), ids.end(), pad) - ids.begin();
+  REQUIRE(first_pad > 0);
+  REQUIRE(ids[first_pad - 1] == vs);
+  PreferenceLimits at_pad{static_cast<int64_t>(ids.size()) - first_pad, 0, 0};
+  CHECK_THROWS_WITH(make_preference_sample(rec, 3, ctx, at_pad),
+                    Catch::Contains("prefs.jsonl:3") && Catch::Contains("cut image tokens"));
+  // Keeping one more token (the start marker) is a valid truncation.
+  PreferenceLimits at_start{static_cast<int64_t>(ids.size()) - first_pad + 1, 0, 0};
+  auto cut = make_preference_sample(rec, 3, ctx, at_start);
+  CHECK(cut.prompt_ids.front() == vs);
+  CHECK(std::count(cut.prompt_ids.begin(), cut.prompt_ids.end(), pad) ==
+        std::count(ids.begin(), ids.end(), pad));
 }

@@ -137,6 +137,10 @@ PreferenceSample make_preference_sample(const nlohmann::json& record, int64_t li
     bool cuts_image = std::any_of(s.prompt_ids.begin(), s.prompt_ids.begin() + cut, [&](int64_t t) {
       return t == ctx.template_options.image_token_id;
     });
+    // Qwen2-VL family: an image's tokens sit between <|vision_start|> and <|vision_end|>; a cut
+    // just before the first <|image_pad|> would drop the start marker and leave the run orphaned.
+    cuts_image = cuts_image || (ctx.image.qwen.has_value() &&
+                                s.prompt_ids[cut] == ctx.template_options.image_token_id);
     MMPOST_CHECK_DATA(!cuts_image, where, ": prompt of ", tp,
                       " tokens exceeds max_prompt_length=", limits.max_prompt_length,
                       " and truncating it would cut image tokens");

@@ -81,6 +81,9 @@ struct PairImages {
 std::vector<PairImages> images_per_pair(const data::PreferenceBatch& b) {
   std::vector<PairImages> out(b.batch_size);
   if (!b.pixel_values.defined()) return out;
+  TORCH_CHECK(static_cast<int64_t>(b.n_images.size()) == b.batch_size,
+              "preference batch: n_images has ", b.n_images.size(), " entries for ", b.batch_size,
+              " pairs (build batches with data::collate_preference)");
   const bool qwen = b.image_grid_thw.defined();
   torch::Tensor patches;  // [N] patches per image (Qwen2-VL)
   if (qwen) patches = b.image_grid_thw.prod(/*dim=*/1).to(torch::kCPU, torch::kInt64);
@@ -98,6 +101,8 @@ std::vector<PairImages> images_per_pair(const data::PreferenceBatch& b) {
     image += k;
     row += rows;
   }
+  TORCH_CHECK(row == b.pixel_values.size(0), "preference batch: n_images covers ", row,
+              " pixel_values rows of ", b.pixel_values.size(0));
   return out;
 }
 }  // namespace
