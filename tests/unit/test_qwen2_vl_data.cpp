@@ -31,6 +31,20 @@ fs::path qwen_tokenizer(const fs::path& dir) {
   mmpost::io::write_text_atomic(dir / "tokenizer.json", j.dump());
   return dir / "tokenizer.json";
 }
+/// Qwen2-VL template and image settings (28*28 .. 28*28*16 pixels) over the fixture photos.
+SampleContext qwen_context(const Tokenizer& tok, int64_t image_pad) {
+  SampleContext ctx;
+  ctx.tokenizer = &tok;
+  ctx.template_options.chat_template = ChatTemplate::kQwen2Vl;
+  ctx.template_options.image_token_id = image_pad;
+  ctx.template_options.image_text = "<|image_pad|>";
+  Qwen2VLImageConfig q;
+  q.min_pixels = 28 * 28;
+  q.max_pixels = 28 * 28 * 16;
+  ctx.image.qwen = q;
+  ctx.base_dir = mmpost::testing::kGoldenFixtures / "qwen2_vl_processor";
+  return ctx;
+}
 }  // namespace
 
 TEST_CASE("Qwen2-VL samples expand each image to its grid's token count", "[unit][qwen2vl]") {
@@ -38,16 +52,7 @@ TEST_CASE("Qwen2-VL samples expand each image to its grid's token count", "[unit
   Tokenizer tok(qwen_tokenizer(dir.path).string());
   const int64_t vs = 600, ve = 601, pad = 602;
   REQUIRE(tok.encode("<|image_pad|>", false) == std::vector<int64_t>{pad});
-  SampleContext ctx;
-  ctx.tokenizer = &tok;
-  ctx.template_options.chat_template = ChatTemplate::kQwen2Vl;
-  ctx.template_options.image_token_id = pad;
-  ctx.template_options.image_text = "<|image_pad|>";
-  Qwen2VLImageConfig q;
-  q.min_pixels = 28 * 28;
-  q.max_pixels = 28 * 28 * 16;
-  ctx.image.qwen = q;
-  ctx.base_dir = mmpost::testing::kGoldenFixtures / "qwen2_vl_processor";
+  SampleContext ctx = qwen_context(tok, pad);
   ctx.source = "mem.jsonl";
   ctx.max_length = 4096;
   const nlohmann::json rec = {
@@ -125,16 +130,7 @@ TEST_CASE("Qwen2-VL preference prompts keep whole images when truncated", "[unit
   mmpost::testing::TempDir dir("qwen_prefs");
   Tokenizer tok(qwen_tokenizer(dir.path).string());
   const int64_t vs = 600, pad = 602;
-  SampleContext ctx;
-  ctx.tokenizer = &tok;
-  ctx.template_options.chat_template = ChatTemplate::kQwen2Vl;
-  ctx.template_options.image_token_id = pad;
-  ctx.template_options.image_text = "<|image_pad|>";
-  Qwen2VLImageConfig q;
-  q.min_pixels = 28 * 28;
-  q.max_pixels = 28 * 28 * 16;
-  ctx.image.qwen = q;
-  ctx.base_dir = mmpost::testing::kGoldenFixtures / "qwen2_vl_processor";
+  SampleContext ctx = qwen_context(tok, pad);
   ctx.source = "prefs.jsonl";
   const nlohmann::json rec = {
       {"images", {"rocket.png"}},
