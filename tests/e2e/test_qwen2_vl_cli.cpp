@@ -142,6 +142,27 @@ fs::path write_photo_prefs(const fs::path& dir) {
   return path;
 }
 
+// DIR/NAME.json, the recipe these tests run: CPU, one thread, constant lr without weight decay, a
+// metrics row per step, no checkpoints, on `start` and `train` (and `eval` when not empty);
+// `extra` holds further top-level sections, e.g. {"lora": {...}}.
+std::string write_recipe(const fs::path& dir, const std::string& name, const fs::path& start,
+                         const fs::path& train, double lr, int64_t batch_size, int64_t max_steps,
+                         const std::string& eval = "", const nlohmann::json& extra = {}) {
+  nlohmann::json j = {
+      {"seed", 1}, {"device", "cpu"}, {"num_threads", 1},
+      {"model", {{"path", start.string()}}},
+      {"data", {{"train", train.string()}, {"max_length", 256}, {"num_workers", 1}}},
+      {"optim", {{"lr", lr}, {"weight_decay", 0.0}}},
+      {"scheduler", {{"name", "constant"}, {"warmup_steps", 0}}},
+      {"train", {{"batch_size", batch_size}, {"max_steps", max_steps}, {"log_every_n_steps", 1},
+                 {"save_every_n_steps", 0}}}};
+  if (!eval.empty()) j["data"]["eval"] = eval;
+  if (extra.is_object()) j.update(extra);
+  const auto path = dir / (name + ".json");
+  io::write_text_atomic(path, j.dump(2));
+  return path.string();
+}
+
 // The sample context the stages build for the start model's folder.
 data::SampleContext qwen_context(const hub::Pretrained& p, const data::Tokenizer& tok,
                                  const fs::path& source) {
@@ -186,16 +207,8 @@ TEST_CASE("sft, eval and generate run a Qwen2-VL hub folder on real photos", "[e
     REQUIRE(r.code == 0);
     return r;
   };
-  const std::string recipe = R"({
-    "seed": 1, "device": "cpu", "num_threads": 1,
-    "model": {"path": ")" + start.string() + R"("},
-    "data": {"train": ")" + data_path.string() + R"(", "max_length": 256, "num_workers": 1},
-    "optim": {"lr": 1e-3, "weight_decay": 0.0},
-    "scheduler": {"name": "constant", "warmup_steps": 0},
-    "train": {"batch_size": 4, "max_steps": 3, "log_every_n_steps": 1, "save_every_n_steps": 0}
-  })";
-  io::write_text_atomic(tmp.path / "sft.json", recipe);
-  run("sft", "sft -r " + (tmp.path / "sft.json").string() + " --output " + sft_out.string());
+  const auto recipe = write_recipe(tmp.path, "sft", start, data_path, 1e-3, 4, 3);
+  run("sft", "sft -r " + recipe + " --output " + sft_out.string());
 
   // The step-1 loss is the start model's loss on all four samples.
   auto p = hub::load_pretrained(start);
@@ -223,7 +236,7 @@ TEST_CASE("sft, eval and generate run a Qwen2-VL hub folder on real photos", "[e
   // Packed (data.packing): the four samples share rows, each with its own M-RoPE positions and
   // attention; step 1 has the same loss, with less padding.
   const auto packed_out = tmp.path / "sft_packed";
-  run("sft_packed", "sft -r " + (tmp.path / "sft.json").string() +
+  run("sft_packed", "sft -r " + recipe +
                         " --set data.packing=true train.max_steps=1 --output " +
                         packed_out.string());
   const auto packed_rows = train_rows(packed_out / "metrics.jsonl");
@@ -356,25 +369,13 @@ TEST_CASE("dpo, preference eval, rm and rlhf run a Qwen2-VL hub folder", "[e2e][
     REQUIRE(r.code == 0);
     return r;
   };
-  auto recipe = [&](const std::string& name, const std::string& data,
-                    const std::string& stage_section) {
-    const auto path = tmp.path / (name + ".json");
-    io::write_text_atomic(path, R"({
-      "seed": 1, "device": "cpu", "num_threads": 1,
-      "model": {"path": ")" + start.string() + R"("},
-      "data": {"train": ")" + data + R"(", "eval": ")" + data + R"(", "max_length": 256,
-               "num_workers": 1},
-      "optim": {"lr": 1e-3, "weight_decay": 0.0},
-      "scheduler": {"name": "constant", "warmup_steps": 0},
-      "train": {"batch_size": 3, "max_steps": 2, "log_every_n_steps": 1,
-                "save_every_n_steps": 0},
-      )" + stage_section + "}");
-    return path.string();
+  auto recipe = [&](const std::string& name, const fs::path& data, const nlohmann::json& stage) {
+    return write_recipe(tmp.path, name, start, data, 1e-3, 3, 2, data.string(), stage);
   };
 
   // dpo: the reference is the start model, so step 1 has every reward at 0 and loss ln 2.
   const auto dpo_out = tmp.path / "dpo";
-  run("dpo", "dpo -r " + recipe("dpo", prefs.string(), R"("dpo": {"beta": 0.1})") +
+  run("dpo", "dpo -r " + recipe("dpo", prefs, {{"dpo", {{"beta", 0.1}}}}) +
                  " --output " + dpo_out.string());
   auto dpo_rows = train_rows(dpo_out / "metrics.jsonl");
   REQUIRE(dpo_rows.size() == 2);
@@ -391,7 +392,7 @@ TEST_CASE("dpo, preference eval, rm and rlhf run a Qwen2-VL hub folder", "[e2e][
   // rm: a Bradley-Terry head on the Qwen2-VL backbone; the folder loads back as a Qwen2-VL reward
   // model whose rewards are the ones the run's final eval reported.
   const auto rm_out = tmp.path / "rm";
-  run("rm", "rm -r " + recipe("rm", prefs.string(), R"("rm": {})") + " --output " +
+  run("rm", "rm -r " + recipe("rm", prefs, {{"rm", nlohmann::json::object()}}) + " --output " +
                 rm_out.string());
   auto rm_eval = read_lines_with(rm_out / "metrics.jsonl", "eval/accuracy");
   REQUIRE(!rm_eval.empty());
@@ -417,11 +418,12 @@ TEST_CASE("dpo, preference eval, rm and rlhf run a Qwen2-VL hub folder", "[e2e][
   // rlhf: GRPO on the photo prompts with a reward function plus the Qwen2-VL reward model.
   const auto rl_out = tmp.path / "rlhf";
   run("rlhf", "rlhf -r " +
-                  recipe("rlhf", photos.string(),
-                         R"("rlhf": {"algorithm": "grpo", "num_generations": 2,
-                                     "max_completion_length": 4, "temperature": 1.0,
-                                     "rewards": [{"name": "exact_match"}],
-                                     "reward_model": ")" + rm_out.string() + R"("})") +
+                  recipe("rlhf", photos,
+                         {{"rlhf",
+                           {{"algorithm", "grpo"}, {"num_generations", 2},
+                            {"max_completion_length", 4}, {"temperature", 1.0},
+                            {"rewards", {{{"name", "exact_match"}}}},
+                            {"reward_model", rm_out.string()}}}}) +
                   " --set data.eval= train.batch_size=4 --output " + rl_out.string());
   auto rl_rows = train_rows(rl_out / "metrics.jsonl");
   REQUIRE(rl_rows.size() == 2);
@@ -446,16 +448,10 @@ TEST_CASE("LoRA on a Qwen2-VL folder: PEFT loads the adapter onto the transforme
   const auto start = write_start_model(tmp.path);
   const auto data_path = write_data(tmp.path);
   const auto out = tmp.path / "lora";
-  io::write_text_atomic(tmp.path / "lora.json", R"({
-    "seed": 1, "device": "cpu", "num_threads": 1,
-    "model": {"path": ")" + start.string() + R"("},
-    "data": {"train": ")" + data_path.string() + R"(", "max_length": 256, "num_workers": 1},
-    "optim": {"lr": 1e-2, "weight_decay": 0.0},
-    "scheduler": {"name": "constant", "warmup_steps": 0},
-    "train": {"batch_size": 4, "max_steps": 3, "log_every_n_steps": 1, "save_every_n_steps": 0},
-    "lora": {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj", "qkv"]}
-  })");
-  auto r = run_cli("sft -r " + (tmp.path / "lora.json").string() + " --output " + out.string(),
+  const auto lora_recipe = write_recipe(
+      tmp.path, "lora", start, data_path, 1e-2, 4, 3, "",
+      {{"lora", {{"r", 4}, {"alpha", 8}, {"target_modules", {"q_proj", "v_proj", "qkv"}}}}});
+  auto r = run_cli("sft -r " + lora_recipe + " --output " + out.string(),
                    tmp.path / "log_lora");
   INFO(r.err);
   REQUIRE(r.code == 0);
@@ -506,7 +502,7 @@ TEST_CASE("LoRA on a Qwen2-VL folder: PEFT loads the adapter onto the transforme
   // so step 1's loss is ln 2.
   const auto prefs = write_photo_prefs(tmp.path);
   const auto dpo_out = tmp.path / "dpo_lora";
-  auto d = run_cli("dpo -r " + (tmp.path / "lora.json").string() + " --set data.train=" +
+  auto d = run_cli("dpo -r " + lora_recipe + " --set data.train=" +
                        prefs.string() + " train.batch_size=3 train.max_steps=1 --output " +
                        dpo_out.string(),
                    tmp.path / "log_dpo_lora");
@@ -537,15 +533,7 @@ TEST_CASE("a Qwen2.5-VL hub folder runs sft (packed and unpacked), dpo and rlhf"
                 static_cast<double>(algo::n_supervised_targets(b.labels)))
                    .item<double>();
   }
-  io::write_text_atomic(tmp.path / "r.json", R"({
-    "seed": 1, "device": "cpu", "num_threads": 1,
-    "model": {"path": ")" + start.string() + R"("},
-    "data": {"train": ")" + data_path.string() + R"(", "max_length": 256, "num_workers": 1},
-    "optim": {"lr": 1e-3, "weight_decay": 0.0},
-    "scheduler": {"name": "constant", "warmup_steps": 0},
-    "train": {"batch_size": 4, "max_steps": 1, "log_every_n_steps": 1, "save_every_n_steps": 0}
-  })");
-  const std::string recipe = (tmp.path / "r.json").string();
+  const auto recipe = write_recipe(tmp.path, "r", start, data_path, 1e-3, 4, 1);
   auto run = [&](const std::string& name, const std::string& args) {
     auto r = run_cli(args + " --output " + (tmp.path / name).string(), tmp.path / ("log_" + name));
     INFO(name << ": " << r.err);
