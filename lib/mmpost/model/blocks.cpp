@@ -4,6 +4,7 @@
 #include "mmpost/model/blocks.h"
 
 #include "mmpost/core/check.h"
+#include "mmpost/model/fused_rms_norm.h"
 
 namespace mmpost::model {
 
@@ -31,10 +32,7 @@ RmsNormImpl::RmsNormImpl(int64_t hidden_size, double eps) : eps_(eps) {
 }
 
 torch::Tensor RmsNormImpl::forward(const torch::Tensor& x) {
-  auto h = x.to(torch::kFloat32);
-  auto variance = h.pow(2).mean(/*dim=*/-1, /*keepdim=*/true);
-  h = h * torch::rsqrt(variance + eps_);
-  return weight * h.to(x.scalar_type());
+  return rms_norm(x, weight, eps_);
 }
 
 std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& position_ids,
@@ -147,19 +145,11 @@ torch::Tensor AttentionImpl::forward(const torch::Tensor& x, const torch::Tensor
     k = ck;
     v = cv;
   }
-  const int64_t n_rep = n_heads_ / n_kv_heads_;
-  if (n_rep > 1) {  // HF repeat_kv: kv head h serves query heads h*n_rep .. h*n_rep+n_rep-1
-    const int64_t S = k.size(2);
-    auto repeat = [&](const torch::Tensor& t) {
-      return t.unsqueeze(2)
-          .expand({B, n_kv_heads_, n_rep, S, head_dim_})
-          .reshape({B, n_heads_, S, head_dim_});
-    };
-    k = repeat(k);
-    v = repeat(v);
-  }
+  // Grouped-query attention inside the kernel (kv head h serves query heads h*n_rep ..
+  // h*n_rep+n_rep-1, as HF repeat_kv) instead of materialising the repeated keys and values.
   auto out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/bias, /*dropout_p=*/0.0,
-                                              /*is_causal=*/false);            // [B, H, T, D]
+                                              /*is_causal=*/false, /*scale=*/std::nullopt,
+                                              /*enable_gqa=*/n_heads_ != n_kv_heads_);  // [B, H, T, D]
   out = out.transpose(1, 2).reshape({B, T, n_heads_ * head_dim_});
   return o_proj(out);
 }
