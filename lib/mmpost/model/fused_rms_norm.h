@@ -16,7 +16,8 @@ namespace mmpost::model {
 /// when x and weight are float32 CPU tensors (x need not be contiguous; it is made so); any
 /// other dtype or device takes the composite HF form (float32 statistics, cast back to x's
 /// dtype, then weight's promotion), so CUDA and bf16 keep their existing path. Gradients flow to
-/// x and weight (first order only).
+/// x and weight (first order only). A weight whose length is not x's last dimension takes the
+/// composite path, which throws c10::Error when the shapes do not broadcast.
 torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps);
 
 /// The composite form above (transformers' LlamaRMSNorm line by line), for every dtype and
