@@ -22,7 +22,7 @@ torch::Tensor apply_activation(const torch::Tensor& x, Activation act) {
     case Activation::kSilu: return torch::silu(x);
     case Activation::kGelu: return torch::gelu(x, /*approximate=*/"none");
     case Activation::kGeluTanh: return torch::gelu(x, /*approximate=*/"tanh");
-    case Activation::kQuickGelu: return x * torch::sigmoid(1.702 * x);  // HF QuickGELUActivation
+    case Activation::kQuickGelu: return quick_gelu(x);  // HF QuickGELUActivation
   }
   TORCH_CHECK(false, "unreachable activation");
 }
@@ -72,15 +72,6 @@ std::pair<torch::Tensor, torch::Tensor> mrope_cos_sin(const torch::Tensor& posit
   auto half = torch::cat(chunks, /*dim=*/-1);       // [B, T, D/2]
   auto emb = torch::cat({half, half}, /*dim=*/-1);  // [B, T, D]
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
-}
-
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
-                         const torch::Tensor& sin) {
-  const int64_t half = x.size(-1) / 2;
-  auto x1 = x.narrow(/*dim=*/-1, /*start=*/0, half);
-  auto x2 = x.narrow(/*dim=*/-1, /*start=*/half, half);
-  auto rotated = torch::cat({-x2, x1}, /*dim=*/-1);
-  return x * cos.unsqueeze(1) + rotated * sin.unsqueeze(1);
 }
 
 namespace {
@@ -165,6 +156,7 @@ SwiGluMlpImpl::SwiGluMlpImpl(int64_t hidden_size, int64_t intermediate_size, Act
 }
 
 torch::Tensor SwiGluMlpImpl::forward(const torch::Tensor& x) {
+  if (act_ == Activation::kSilu) return down_proj(swiglu(gate_proj(x), up_proj(x)));
   return down_proj(apply_activation(gate_proj(x), act_) * up_proj(x));
 }
 

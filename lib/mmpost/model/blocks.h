@@ -5,6 +5,7 @@
 
 #include <torch/torch.h>
 
+#include "mmpost/model/fused_ops.h"
 #include "mmpost/model/lora.h"
 
 #include <string>
@@ -42,11 +43,6 @@ TORCH_MODULE(RmsNorm);
 std::pair<torch::Tensor, torch::Tensor> rope_cos_sin(const torch::Tensor& position_ids,
                                                       int64_t head_dim, double theta,
                                                       torch::ScalarType dtype);
-
-/// x * cos + rotate_half(x) * sin with rotate_half(x) = cat(-x2, x1) (HF apply_rotary_pos_emb).
-/// x: [B, H, T, D]; cos, sin: [B, T, D].
-torch::Tensor apply_rope(const torch::Tensor& x, const torch::Tensor& cos,
-                         const torch::Tensor& sin);
 
 /// Multimodal rotary tables (M-RoPE, Qwen2-VL; HF Qwen2VLRotaryEmbedding): position_ids [3, B, T]
 /// int64 (temporal, height, width). The D/2 frequencies theta^(-2i/D) are split into consecutive

@@ -86,6 +86,7 @@ torch::Tensor Qwen2VisionBlockImpl::attention(const torch::Tensor& x, const torc
 
 torch::Tensor Qwen2VisionBlockImpl::mlp(const torch::Tensor& x) {
   if (fc1) return fc2(apply_activation(fc1(x), act_));
+  if (act_ == Activation::kSilu) return down_proj(swiglu(gate_proj(x), up_proj(x)));
   return down_proj(apply_activation(gate_proj(x), act_) * up_proj(x));
 }
 
