@@ -22,7 +22,7 @@ const std::string kPrefix = "base_model.model.";
 }  // namespace
 
 torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
-  auto y = torch::nn::LinearImpl::forward(x);
+  auto y = at::linear(x, weight, bias.defined() ? std::optional<torch::Tensor>(bias) : std::nullopt);
   if (!lora_A.defined() || !adapter_enabled) return y;
   // The adapter runs in its own dtype (float32 over a bfloat16 base) and its output is cast to
   // the base output's, as PEFT does; under autocast the two small matmuls run in the autocast

@@ -18,7 +18,9 @@ namespace mmpost::model {
 class VlmImpl;
 
 /// torch::nn::Linear with an optional LoRA branch (attached by LoraAdapters). Without an adapter,
-/// or with it disabled, forward is exactly nn::Linear's.
+/// or with it disabled, forward is PyTorch's nn.Linear (at::linear: one addmm with the bias for
+/// 2-D and contiguous 3-D inputs, as transformers runs it; LibTorch's C++ LinearImpl::forward
+/// instead does matmul + a separate bias add for 3-D input).
 class LoraLinearImpl : public torch::nn::LinearImpl {
  public:
   using torch::nn::LinearImpl::LinearImpl;

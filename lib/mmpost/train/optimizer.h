@@ -52,8 +52,10 @@ void set_lr(torch::optim::Optimizer& opt, double lr);
 double lr_multiplier(const std::string& schedule, int64_t step, int64_t warmup, int64_t total,
                      double min_lr_ratio);
 
-/// Global L2 norm of the gradients of `params` (float32, 0 when no grads); if max_norm > 0, scales
-/// the gradients so the norm is at most max_norm (torch.nn.utils.clip_grad_norm_ semantics).
+/// Global L2 norm of the gradients of `params` (0 when no grads); if max_norm > 0, scales the
+/// gradients by max_norm / (norm + 1e-6) when the norm exceeds max_norm
+/// (torch.nn.utils.clip_grad_norm_ semantics). float32 CPU gradients are summed in double on
+/// the host; others through ATen's float32 norms (one device sync).
 double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
 
 /// L2 norm of the gradients of the parameters whose name starts with `prefix`.
