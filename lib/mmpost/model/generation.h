@@ -114,8 +114,10 @@ RepeatedBatch repeat_interleave_batch(const torch::Tensor& input_ids,
 
 /// Picks the next token per row from logits [B, V] float32: argmax when temperature == 0, else
 /// a draw from softmax(logits / temperature) restricted to the top_k tokens and to the smallest
-/// set whose probability mass reaches top_p (HF TopK/TopP warpers). Draws on `generator`, or on
-/// (*row_generators)[i] for row i when given and non-empty. Returns [B] int64.
+/// set whose probability mass reaches top_p (HF TopK/TopP warpers). Draws on `generator`
+/// (torch.multinomial), or, when row_generators is given and non-empty ([B] of them), row i by
+/// inverse CDF with one uniform from (*row_generators)[i]. Returns [B] int64. Throws
+/// mmpost::Error when a sampled row's probabilities are NaN or infinite.
 torch::Tensor select_next_token(const torch::Tensor& logits, const GenerationConfig& cfg,
                                 torch::Generator& generator,
                                 std::vector<torch::Generator>* row_generators = nullptr);
