@@ -51,6 +51,7 @@ TEST_CASE("fused swiglu: hand-computed values and gradients", "[model][fused_ops
   auto u = torch::tensor({3.0f, -1.5f}).requires_grad_(true);
   auto y = model::swiglu(g, u);
   REQUIRE(grad_fn_name(y).find("FusedSwiGlu") != std::string::npos);
+  REQUIRE(torch::equal(y, torch::silu(g) * u));  // ATen's forward, bit for bit
   y.sum().backward();
   const double s = 1.0 / (1.0 + std::exp(-2.0));
   REQUIRE(y[0].item<float>() == 0.0f);
@@ -97,15 +98,24 @@ TEST_CASE("fused sigmoid kernels: the exp's range ends and NaN", "[model][fused_
   auto g = torch::tensor({-1e30f, -200.0f, -88.0f, -87.0f, -20.0f, 20.0f, 87.0f, 89.0f, 200.0f,
                           1e30f, inf, nan});
   auto u = torch::ones_like(g);
+  g.requires_grad_(true);
   auto y = model::swiglu(g, u);
-  auto ref = (g.to(torch::kFloat64) * torch::sigmoid(g.to(torch::kFloat64))).to(torch::kFloat32);
+  y.sum().backward();  // the fused backward: d silu/dg = s (1 + g (1 - s))
+  auto g64 = g.detach().to(torch::kFloat64);
+  auto s64 = torch::sigmoid(g64);
+  auto ref = (g64 * s64).to(torch::kFloat32);
+  auto dref = (s64 * (1.0 + g64 * (1.0 - s64))).to(torch::kFloat32);
   for (int64_t i = 0; i + 2 < g.numel(); ++i) {
-    INFO("g = " << g[i].item<float>() << ": " << y[i].item<float>() << " vs " << ref[i].item<float>());
+    INFO("g = " << g[i].item<float>() << ": " << y[i].item<float>() << " vs " << ref[i].item<float>()
+                << ", d/dg " << g.grad()[i].item<float>() << " vs " << dref[i].item<float>());
     REQUIRE(std::abs(y[i].item<float>() - ref[i].item<float>()) <=
             1e-6 * std::abs(ref[i].item<float>()) + 1e-30);
+    REQUIRE(std::abs(g.grad()[i].item<float>() - dref[i].item<float>()) <=
+            1e-6 * std::abs(dref[i].item<float>()) + 1e-30);
   }
   REQUIRE(y[g.numel() - 2].item<float>() == inf);
   REQUIRE(std::isnan(y[g.numel() - 1].item<float>()));
+  REQUIRE(std::isnan(g.grad()[g.numel() - 1].item<float>()));
   auto q = model::quick_gelu(torch::tensor({nan, 1.0f}));
   REQUIRE(std::isnan(q[0].item<float>()));
   REQUIRE(q[1].item<float>() == Approx(1.0 / (1.0 + std::exp(-1.702))).epsilon(1e-6));

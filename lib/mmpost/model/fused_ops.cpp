@@ -52,12 +52,6 @@ inline __attribute__((always_inline)) float sigmoid_approx(float x) {
   return 1.0f / (1.0f + exp_approx(-x));
 }
 
-MMPOST_CPU_CLONES
-void swiglu_fwd_kernel(const float* __restrict g, const float* __restrict u, float* __restrict y,
-                       int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] = g[i] * sigmoid_approx(g[i]) * u[i];
-}
-
 // d/dg silu(g) = s (1 + g (1 - s)) with s = sigmoid(g).
 MMPOST_CPU_CLONES
 void swiglu_bwd_kernel(const float* __restrict dy, const float* __restrict g,
@@ -170,15 +164,12 @@ class FusedSwiGlu : public torch::autograd::Function<FusedSwiGlu> {
  public:
   static torch::Tensor forward(torch::autograd::AutogradContext* ctx, const torch::Tensor& gate_in,
                                const torch::Tensor& up_in) {
+    // The forward is ATen's own silu times up, so logits stay bit-identical to transformers'
+    // LlamaMLP (a fused forward with this file's exp moved SmolLM2-135M's logits by 1.4e-4, past
+    // the 1e-4 parity bound). Only the backward is fused: it saves gate and up, not silu(gate).
     auto g = gate_in.contiguous();
     auto u = up_in.contiguous();
-    auto y = torch::empty_like(g);
-    const float* gp = g.data_ptr<float>();
-    const float* up = u.data_ptr<float>();
-    float* yp = y.data_ptr<float>();
-    at::parallel_for(0, g.numel(), kGrain, [&](int64_t i0, int64_t i1) {
-      swiglu_fwd_kernel(gp + i0, up + i0, yp + i0, i1 - i0);
-    });
+    auto y = torch::silu(g).mul_(u);
     ctx->save_for_backward({g, u});
     return y;
   }

@@ -1,7 +1,7 @@
 // Fused CPU kernels for the element-wise parts of a transformer layer that ATen runs as chains of
 // small kernels: rotary embedding (HF apply_rotary_pos_emb), the SwiGLU product silu(gate) * up
-// (LlamaMLP) and CLIP's quick_gelu. Each is one pass forward and one pass backward over float32
-// CPU tensors, compiled for AVX-512, AVX2 and baseline x86-64 with the best chosen at load time
+// (LlamaMLP) and CLIP's quick_gelu. Each is one pass forward (SwiGLU: ATen's own forward, see
+// swiglu) and one pass backward over float32 CPU tensors, compiled for AVX-512, AVX2 and baseline x86-64 with the best chosen at load time
 // (GCC target_clones); any other dtype, device or layout takes the composite ATen form, so CUDA
 // and bf16 keep their existing path. The exp inside the sigmoids is a Cephes-style polynomial
 // (relative error < 3e-7 against double precision, NaN in -> NaN out), not ATen's Sleef exp, so
@@ -26,8 +26,9 @@ torch::Tensor apply_rope_composite(const torch::Tensor& x, const torch::Tensor& 
                                    const torch::Tensor& sin);
 
 /// silu(gate) * up, the SwiGLU product of LlamaMLP / Qwen2MLP (Shazeer 2020, "GLU Variants
-/// Improve Transformer", eq. 6 with Swish_1). gate and up of the same shape [..., I]; the fused
-/// kernel keeps only gate and up for the backward (the sigmoid is recomputed). Gradients to both.
+/// Improve Transformer", eq. 6 with Swish_1). gate and up of the same shape [..., I]. The forward
+/// is ATen's silu(gate) * up, bit-identical to transformers; the fused part is the backward, which
+/// keeps only gate and up (the sigmoid is recomputed) and runs in one pass. Gradients to both.
 torch::Tensor swiglu(const torch::Tensor& gate, const torch::Tensor& up);
 
 /// x * sigmoid(1.702 x), HF's QuickGELUActivation (CLIP). Any shape; gradient to x.
