@@ -162,6 +162,9 @@ TEST_CASE("fused rope equals the composite form for q/k layouts, values and grad
           auto b = run(ref, {x}, dy, torch::kFloat64);
           require_close(a.y, b.y, 1e-6, 1e-7);
           require_close(a.grads[0], b.grads[0], 1e-6, 1e-7);
+          // Bit for bit the float32 composite (HF's form): no FMA contraction in the kernel
+          // (-ffp-contract=off), which the SmolLM2 logits parity test needs.
+          REQUIRE(torch::equal(a.y, run(ref, {x}, dy, torch::kFloat32).y));
           if (projected) REQUIRE(a.y.strides() == x.strides());  // the layout SDPA got before
         }
       }

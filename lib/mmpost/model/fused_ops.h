@@ -1,9 +1,9 @@
 // Fused CPU kernels for the element-wise parts of a transformer layer that ATen runs as chains of
 // small kernels: rotary embedding (HF apply_rotary_pos_emb), the SwiGLU product silu(gate) * up
 // (LlamaMLP) and CLIP's quick_gelu. Each is one pass forward (SwiGLU: ATen's own forward, see
-// swiglu) and one pass backward over float32 CPU tensors, compiled for AVX-512, AVX2 and baseline x86-64 with the best chosen at load time
-// (GCC target_clones); any other dtype, device or layout takes the composite ATen form, so CUDA
-// and bf16 keep their existing path. The exp inside the sigmoids is a Cephes-style polynomial
+// swiglu) and one pass backward over float32 CPU tensors, compiled for AVX-512, AVX2 and baseline
+// x86-64 with the best chosen at load time (GCC target_clones); any other dtype, device or layout
+// takes the composite ATen form, so CUDA and bf16 keep their existing path. The exp inside the sigmoids is a Cephes-style polynomial
 // (relative error < 3e-7 against double precision, NaN in -> NaN out), not ATen's Sleef exp, so
 // results agree with the composite forms to float32 rounding (tests/unit/test_fused_ops.cpp).
 #pragma once
