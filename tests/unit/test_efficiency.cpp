@@ -2,10 +2,15 @@
 // (same gradients, and the recompute node really is in the graph), chunked LM-head log-probs
 // (same values and gradients as whole logits), and bf16 autocast over float32 weights
 // (bf16 matmuls ran, float32 parameters and gradients, state restored).
+#include <ATen/Parallel.h>
 #include <ATen/autocast_mode.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <mutex>
 #include <set>
+#include <thread>
 
 #include "catch.h"
 #include "test_util.h"
@@ -270,8 +275,9 @@ TEST_CASE("sft loss from hidden states (supervised rows only, chunked) equals th
     CHECK(std::abs(full.item<double>() - chunked.item<double>()) < 1e-5 * full.item<double>());
     REQUIRE(g_full.size() == g_chunk.size());
     for (const auto& [name, g] : g_full) {
-      INFO(name);
-      CHECK(max_diff(g, g_chunk[name]) < 1e-5);
+      // Float32 sums in another order: relative to the gradient's scale (loss ~ 40 here).
+      INFO(name << " max |g| " << g.abs().max().item<double>());
+      CHECK(max_diff(g, g_chunk[name]) < 1e-5 * (1.0 + g.abs().max().item<double>()));
     }
   }
   // Nothing supervised: 0, and backward still works.
@@ -331,4 +337,30 @@ TEST_CASE("bf16 autocast over float32 weights: bf16 matmuls, float32 parameters 
     INFO(name);
     CHECK(max_diff(g, g1[name]) <= 1e-6 * (1 + g.abs().max().item<double>()));
   }
+}
+
+TEST_CASE("at::parallel_for in mmpost's code runs on the intra-op threads, in LibTorch's OpenMP "
+          "runtime", "[unit][efficiency]") {
+  // ATen's parallel_for is inline: compiled without OpenMP it runs its body on the calling
+  // thread (the fused kernels and the host gradient clipping were single-threaded that way).
+  const int saved = at::get_num_threads();
+  at::set_num_threads(2);
+  std::mutex mu;
+  std::set<std::thread::id> ids;
+  std::atomic<int> started{0}, in_region{0};
+  at::parallel_for(0, 2, 1, [&](int64_t, int64_t) {
+    started++;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (started.load() < 2 && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::yield();
+    }
+    std::lock_guard<std::mutex> lock(mu);
+    ids.insert(std::this_thread::get_id());
+    // LibTorch's own runtime sees the region: one thread pool, so torch ops called inside run
+    // inline instead of starting a second team.
+    in_region += at::in_parallel_region() ? 1 : 0;
+  });
+  at::set_num_threads(saved);
+  CHECK(ids.size() == 2);
+  CHECK(in_region == 2);
 }

@@ -1,12 +1,15 @@
 // The fused CPU rotary embedding, SwiGLU and quick_gelu kernels against their composite ATen
 // forms computed in float64 (values and gradients), hand-computed values, the extremes of the
 // exp inside the sigmoids, NaN propagation and the inputs that must stay on the composite path.
+#include <ATen/Parallel.h>
+
 #include <cmath>
 #include <limits>
 
 #include "catch.h"
 #include "mmpost/model/blocks.h"
 #include "mmpost/model/fused_ops.h"
+#include "mmpost/model/fused_rms_norm.h"
 
 using namespace mmpost;
 
@@ -187,4 +190,49 @@ TEST_CASE("fused ops: bf16 inputs and cos/sin with gradients take the composite 
   REQUIRE(torch::equal(y, model::apply_rope_composite(x, cos, sin)));
   y.sum().backward();
   REQUIRE(cos.grad().defined());
+}
+
+TEST_CASE("fused kernels split over two threads give the one-thread values (element-wise and "
+          "per-row: bit for bit)", "[unit][fused]") {
+  // Sizes past the kernels' parallel grains, so at 2 threads each call really splits.
+  torch::manual_seed(21);
+  const auto gate = torch::randn({256, 512}), up = torch::randn({256, 512});
+  const auto x = torch::randn({4096, 64}), w = torch::randn({64});
+  const auto q = torch::randn({2, 4, 1024, 16});
+  const auto angle = torch::randn({1, 1024, 16});
+  const auto cos = angle.cos(), sin = angle.sin();
+  auto run = [&](int threads) {
+    const int saved = at::get_num_threads();
+    at::set_num_threads(threads);
+    std::vector<torch::Tensor> out;
+    auto g = gate.clone().requires_grad_(true), u = up.clone().requires_grad_(true);
+    auto y = model::swiglu(g, u);
+    y.backward(torch::ones_like(y));
+    out.insert(out.end(), {y.detach(), g.grad(), u.grad()});
+    auto a = gate.clone().requires_grad_(true);
+    auto ya = model::quick_gelu(a);
+    ya.backward(torch::ones_like(ya));
+    out.insert(out.end(), {ya.detach(), a.grad()});
+    auto xr = x.clone().requires_grad_(true), wr = w.clone().requires_grad_(true);
+    auto yr = model::rms_norm(xr, wr, 1e-6);
+    yr.backward(torch::ones_like(yr));
+    out.insert(out.end(), {yr.detach(), xr.grad(), wr.grad()});
+    auto qr = q.clone().requires_grad_(true);
+    auto yq = model::apply_rope(qr, cos, sin);
+    yq.backward(torch::ones_like(yq));
+    out.insert(out.end(), {yq.detach(), qr.grad()});
+    at::set_num_threads(saved);
+    return out;
+  };
+  const auto one = run(1), two = run(2);
+  REQUIRE(one.size() == 10);
+  for (size_t k = 0; k < one.size(); ++k) {
+    INFO("output " << k);
+    if (k == 7) {  // the RMSNorm weight gradient: one partial sum per thread, then added
+      CHECK((one[k] - two[k]).abs().max().item<double>() <=
+            1e-5 * (1 + one[k].abs().max().item<double>()));
+    } else {
+      CHECK(torch::equal(one[k], two[k]));
+    }
+  }
 }
