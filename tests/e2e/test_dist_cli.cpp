@@ -120,32 +120,28 @@ void run_ranks_ok(const std::string& args, int n, const fs::path& log) {
   }
 }
 
-/// Largest |a - b| over the tensors of two safetensors files (which must hold the same names).
-double max_weight_diff(const fs::path& a, const fs::path& b) {
-  auto ta = mmpost::io::load_safetensors(a), tb = mmpost::io::load_safetensors(b);
-  REQUIRE(ta.size() == tb.size());
-  double m = 0;
-  for (const auto& [name, t] : ta) {
-    REQUIRE(tb.count(name) == 1);
-    m = std::max(m, (t.to(torch::kFloat64) - tb.at(name).to(torch::kFloat64)).abs().max().item<double>());
-  }
-  return m;
-}
-
-/// How many elements of two safetensors files (the same names) differ by more than `tol`, and of
-/// how many: {over, total}.
-std::pair<int64_t, int64_t> weights_over(const fs::path& a, const fs::path& b, double tol) {
-  auto ta = mmpost::io::load_safetensors(a), tb = mmpost::io::load_safetensors(b);
-  REQUIRE(ta.size() == tb.size());
+/// Element-wise |a - b| over the tensors of two safetensors files (which must hold the same
+/// names): the largest, and how many of `total` elements exceed `tol`.
+struct WeightDiff {
+  double max = 0;
   int64_t over = 0, total = 0;
+};
+WeightDiff weight_diff(const fs::path& a, const fs::path& b, double tol = 0) {
+  auto ta = mmpost::io::load_safetensors(a), tb = mmpost::io::load_safetensors(b);
+  REQUIRE(ta.size() == tb.size());
+  WeightDiff w;
   for (const auto& [name, t] : ta) {
     REQUIRE(tb.count(name) == 1);
     auto d = (t.to(torch::kFloat64) - tb.at(name).to(torch::kFloat64)).abs();
-    over += (d > tol).sum().item<int64_t>();
-    total += d.numel();
+    w.max = std::max(w.max, d.max().item<double>());
+    w.over += (d > tol).sum().item<int64_t>();
+    w.total += d.numel();
   }
-  return {over, total};
+  return w;
 }
+
+/// Largest |a - b| over the tensors of two safetensors files (which must hold the same names).
+double max_weight_diff(const fs::path& a, const fs::path& b) { return weight_diff(a, b).max; }
 
 /// The last eval row (one with "eval/n") of a metrics.jsonl; REQUIREs one.
 nlohmann::json last_eval_row(const fs::path& file) {
@@ -175,18 +171,18 @@ void check_same_run(const fs::path& one, const fs::path& many, const std::string
   }
   // Weights: all but the rounding-noise elements within 1e-5 (see kLr); a real divergence (a
   // rank's samples lost or counted twice) moves most elements by far more after 5 steps.
-  const auto [over, total] = weights_over(one / weights, many / weights, 1e-5);
-  INFO("largest weight difference " << max_weight_diff(one / weights, many / weights) << "; "
-                                    << over << " of " << total << " elements over 1e-5");
-  CHECK(total > 0);
-  CHECK(static_cast<double>(over) <= 1e-4 * static_cast<double>(total));
+  const auto w = weight_diff(one / weights, many / weights, 1e-5);
+  INFO("largest weight difference " << w.max << "; " << w.over << " of " << w.total
+                                    << " elements over 1e-5");
+  CHECK(w.total > 0);
+  CHECK(static_cast<double>(w.over) <= 1e-4 * static_cast<double>(w.total));
   if (!start.empty()) CHECK(max_weight_diff(start / weights, one / weights) > 1e-4);
 }
 
 // optim.lr 1e-3: Adam divides each gradient element by its own running RMS, so where a gradient
 // is at rounding-noise level (|g| ~ 1e-9) the reduction order of N ranks vs one batch changes
 // that element's update by up to ~lr per step, and how far depends on the CPU's float path (2e-5
-// on a 2-core AMD EPYC in the ppo case, below 1e-5 on an AVX-512 Xeon). Every real gradient
+// on a 2-core AMD EPYC in the ppo case, below 1e-5 on an Intel Xeon). Every real gradient
 // agrees to ~1e-7 (grad_norm is compared per step), so all but a few in 1e4 weights stay within
 // 1e-5, and that is what check_same_run asserts.
 const std::string kLr = "--set optim.lr=1e-3 ";
