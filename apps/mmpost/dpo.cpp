@@ -3,6 +3,7 @@
 // resume -> loop -> final save. Each micro-batch is one concatenated forward (chosen rows on
 // rejected rows, one vision pass per image); the loss is algo::dpo_loss (TRL's loss types) plus
 // optional mDPO terms, averaged over pairs and over the micro-batches of a step.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -11,6 +12,7 @@
 
 #include "mmpost/algo/chunked_logps.h"
 #include "mmpost/algo/dpo_loss.h"
+#include "mmpost/algo/sft_loss.h"
 #include "mmpost/cli_common.h"
 #include "mmpost/config/recipe.h"
 #include "mmpost/config/schema.h"
@@ -28,6 +30,7 @@
 #include "mmpost/train/optimizer.h"
 #include "mmpost/train/preference.h"
 #include "mmpost/train/run.h"
+#include "mmpost/train/shards.h"
 
 namespace mmpost::cli {
 namespace fs = std::filesystem;
@@ -271,6 +274,96 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
           ? 0
           : algo::logits_chunk_rows(cfg.train.logits_chunk_size,
                                     model->config().text_config.vocab_size);
+  // train.cpu_shards: a micro-batch as row shards whose forward + backward run at once. Per-pair
+  // losses split exactly; the rpo/sft term (a mean over all chosen tokens of the micro-batch) is
+  // added per shard over the micro-batch's token count; aot's batch-wide sort and mDPO's
+  // corrupted images do not split.
+  std::string shard_blocker;
+  for (auto t : loss_cfg.loss_types) {
+    if (t == algo::DpoLossType::kAot || t == algo::DpoLossType::kAotUnpaired) {
+      shard_blocker = "dpo.loss_type " + algo::to_string(t) + " ranks the whole batch";
+    }
+  }
+  if (loss_cfg.loss_types.size() == 1 && loss_cfg.loss_types[0] == algo::DpoLossType::kSft) {
+    shard_blocker = "dpo.loss_type sft alone is a mean over the whole batch's tokens";
+  }
+  if (mdpo) shard_blocker = "dpo.mdpo draws its corrupted images per batch";
+  const std::vector<torch::Tensor> shard_params = trainable_tensors(sm);
+  const int64_t n_shards = stage_cpu_shards(cfg.train.cpu_shards, shard_params, run,
+                                            cfg.lora.dropout, shard_blocker, "dpo");
+  algo::DpoLossConfig shard_loss_cfg = loss_cfg;  // without the sft term, added per shard
+  double sft_weight = 0;
+  if (n_shards > 1 && loss_cfg.loss_types.back() == algo::DpoLossType::kSft) {
+    sft_weight = loss_cfg.loss_weights.empty() ? 1.0 : loss_cfg.loss_weights.back();
+    shard_loss_cfg.loss_types.pop_back();
+    if (!shard_loss_cfg.loss_weights.empty()) shard_loss_cfg.loss_weights.pop_back();
+  }
+  for (auto t : shard_loss_cfg.loss_types) {
+    MMPOST_CHECK(n_shards == 1 || t != algo::DpoLossType::kSft,
+                 "dpo: train.cpu_shards with an sft loss term that is not the last one");
+  }
+
+  // TRL's metric names (means over the pairs of the micro-batch), then mDPO's.
+  std::vector<std::string> names = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
+                                    "rewards/margins", "logps/chosen", "logps/rejected",
+                                    "logits/chosen", "logits/rejected"};
+  if (mdpo) names.push_back("mdpo/conditional");
+  if (mdpo && cfg.dpo.mdpo.anchor) names.push_back("mdpo/anchor");
+  // The reference side of a batch: precomputed, a no-grad forward, or none (reference-free).
+  // Under LoRA the caller holds model::AdaptersDisabled around it.
+  struct ReferenceSide {
+    algo::PreferenceLogps logps;
+    torch::Tensor chosen_corrupted;
+  };
+  auto reference_of = [&](const data::PreferenceBatch& b) {
+    ReferenceSide r;
+    if (ref_cache) {
+      r.logps = ref_cache->lookup(b, device);
+    } else if (!ref_free) {
+      torch::NoGradGuard no_grad;
+      auto rb = ref_dtype == dtype ? b : b.to(device, ref_dtype);
+      auto f = train::preference_forward(reference.model, rb, false, mdpo, padding_free, chunk_rows);
+      r.logps = f.logps;
+      r.chosen_corrupted = f.chosen_corrupted;
+    }
+    return r;
+  };
+  // A batch's loss: its pairs' losses summed over `n_pairs` (the micro-batch's pairs on all
+  // ranks), minus sft_per_token x its summed chosen log-probs (sharded rpo term; else 0). With it
+  // the metric values [names.size()], means over the batch's pairs, detached.
+  auto loss_of = [&](const data::PreferenceBatch& b, ReferenceSide ref_side,
+                     const algo::DpoLossConfig& lc, double n_pairs, double sft_per_token) {
+    auto pol = train::preference_forward(model, b, lc.use_weighting, mdpo, padding_free,
+                                         chunk_rows);  // [2B] rows
+    auto& ref = ref_side.logps;
+    if (!ref_free) {  // counts come from the policy's masks (same tokens)
+      ref.n_chosen = pol.logps.n_chosen;
+      ref.n_rejected = pol.logps.n_rejected;
+      for (auto* t : {&ref.chosen, &ref.rejected, &ref.chosen_tail, &ref.rejected_tail}) {
+        *t = t->to(torch::kFloat32);
+      }
+    }
+    auto out_l = algo::dpo_loss(pol.logps, ref_free ? nullptr : &ref, lc);
+    auto loss = out_l.losses.sum() / n_pairs;  // = mean over the micro-batch of all ranks
+    if (sft_per_token != 0) loss = loss - sft_per_token * pol.logps.chosen.sum();
+    auto rc = out_l.rewards_chosen, rr = out_l.rewards_rejected;
+    std::vector<torch::Tensor> values = {rc.mean(), rr.mean(), (rc > rr).to(rc.scalar_type()).mean(),
+                                         (rc - rr).mean(), pol.logps.chosen.mean(),
+                                         pol.logps.rejected.mean(), pol.logits_mean_chosen.mean(),
+                                         pol.logits_mean_rejected.mean()};
+    if (mdpo) {
+      auto m = algo::mdpo_loss(pol.logps.chosen, ref.chosen, pol.chosen_corrupted,
+                               ref_side.chosen_corrupted.to(torch::kFloat32), cfg.dpo.beta,
+                               cfg.dpo.mdpo.anchor_delta);
+      loss = loss + cfg.dpo.mdpo.conditional_weight * m.conditional.sum() / n_pairs;
+      values.push_back(m.conditional.mean());
+      if (cfg.dpo.mdpo.anchor) {
+        loss = loss + cfg.dpo.mdpo.anchor_weight * m.anchor.sum() / n_pairs;
+        values.push_back(m.anchor.mean());
+      }
+    }
+    return std::make_pair(loss, torch::stack(values).detach().to(torch::kFloat64));
+  };
   while (state.step < total_steps) {
     // The step's micro-batches first: each one's loss is a mean over its pairs on all ranks.
     auto step = next_step_batches(loader, n_micro, run, cfg.data.train);
@@ -281,62 +374,61 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
     for (int64_t a = 0; a < n_micro; ++a) {
       if (micro[a].empty()) continue;  // this rank's share of the window is empty
       const double n_pairs = pairs[a];
-      auto b = data::collate_preference(micro[a], pad_id).to(device, dtype);
-      auto pol = train::preference_forward(model, b, loss_cfg.use_weighting, mdpo, padding_free,
-                                           chunk_rows);  // [2B] rows
-      algo::PreferenceLogps ref;
-      torch::Tensor ref_chosen_corrupted;
-      if (ref_cache) {
-        ref = ref_cache->lookup(b, device);
-      } else if (!ref_free) {
-        torch::NoGradGuard no_grad;
-        model::AdaptersDisabled adapters_off(reference.adapters_off);
-        auto rb = ref_dtype == dtype ? b : b.to(device, ref_dtype);
-        auto r = train::preference_forward(reference.model, rb, false, mdpo, padding_free,
-                                           chunk_rows);
-        ref = r.logps;
-        ref_chosen_corrupted = r.chosen_corrupted;
-      }
-      if (!ref_free) {  // counts come from the policy's masks (same tokens)
-        ref.n_chosen = pol.logps.n_chosen;
-        ref.n_rejected = pol.logps.n_rejected;
-        for (auto* t : {&ref.chosen, &ref.rejected, &ref.chosen_tail, &ref.rejected_tail}) {
-          *t = t->to(torch::kFloat32);
+      const auto B = static_cast<int64_t>(micro[a].size());
+      const int64_t n = std::min(n_shards, B);
+      torch::Tensor values, loss;  // metric values [names.size()] float64; the micro-batch's loss
+      int64_t n_tokens = 0;
+      if (n == 1) {
+        auto b = data::collate_preference(micro[a], pad_id).to(device, dtype);
+        ReferenceSide r;
+        {
+          model::AdaptersDisabled adapters_off(ref_cache ? nullptr : reference.adapters_off);
+          r = reference_of(b);
         }
-      }
-      auto out_l = algo::dpo_loss(pol.logps, ref_free ? nullptr : &ref, loss_cfg);
-      auto loss = out_l.losses.sum() / n_pairs;  // = mean over the micro-batch of all ranks
-      // TRL's metric names, means over the pairs of the micro-batch: one device-to-host copy.
-      auto rc = out_l.rewards_chosen, rr = out_l.rewards_rejected;
-      std::vector<std::string> names = {"rewards/chosen", "rewards/rejected", "rewards/accuracies",
-                                        "rewards/margins", "logps/chosen", "logps/rejected",
-                                        "logits/chosen", "logits/rejected"};
-      std::vector<torch::Tensor> values = {rc.mean(), rr.mean(), (rc > rr).to(rc.scalar_type()).mean(),
-                                           (rc - rr).mean(), pol.logps.chosen.mean(),
-                                           pol.logps.rejected.mean(), pol.logits_mean_chosen.mean(),
-                                           pol.logits_mean_rejected.mean()};
-      if (mdpo) {
-        auto m = algo::mdpo_loss(pol.logps.chosen, ref.chosen, pol.chosen_corrupted,
-                                 ref_chosen_corrupted.to(torch::kFloat32), cfg.dpo.beta,
-                                 cfg.dpo.mdpo.anchor_delta);
-        loss = loss + cfg.dpo.mdpo.conditional_weight * m.conditional.sum() / n_pairs;
-        names.push_back("mdpo/conditional");
-        values.push_back(m.conditional.mean());
-        if (cfg.dpo.mdpo.anchor) {
-          loss = loss + cfg.dpo.mdpo.anchor_weight * m.anchor.sum() / n_pairs;
-          names.push_back("mdpo/anchor");
-          values.push_back(m.anchor.mean());
+        auto [l, v] = loss_of(b, r, loss_cfg, n_pairs, 0.0);
+        if (a + 1 == n_micro) optimizer.arm_gradient_sync();  // all-reduce during backward
+        (l / static_cast<double>(n_micro)).backward();
+        loss = l.detach().to(torch::kCPU, torch::kFloat64);
+        values = v.to(torch::kCPU);
+        n_tokens = b.n_tokens;
+      } else {  // train.cpu_shards (one process: no gradient all-reduce to arm)
+        std::vector<data::PreferenceBatch> parts;
+        int64_t chosen_tokens = 0;  // the sft term's denominator: all chosen tokens of the batch
+        for (int64_t s = 0; s < n; ++s) {
+          const auto [begin, end] = train::shard_range(B, n, s);
+          auto cb = data::collate_preference(
+              std::vector<data::PreferenceSample>(micro[a].begin() + begin, micro[a].begin() + end),
+              pad_id);
+          chosen_tokens += algo::n_supervised_targets(cb.labels.narrow(0, 0, cb.batch_size));
+          n_tokens += cb.n_tokens;
+          parts.push_back(cb.to(device, dtype));
         }
+        const double sft_per_token =
+            sft_weight * static_cast<double>(B) /
+            (static_cast<double>(std::max<int64_t>(chosen_tokens, 1)) * n_pairs);
+        std::vector<ReferenceSide> refs(static_cast<size_t>(n));
+        {  // the reference sides first (LoRA: adapters off for all shards at once)
+          model::AdaptersDisabled adapters_off(ref_cache ? nullptr : reference.adapters_off);
+          train::run_concurrently(n, [&](int64_t s) { refs[s] = reference_of(parts[s]); });
+        }
+        std::vector<torch::Tensor> shard_values(static_cast<size_t>(n));
+        auto losses = train::backward_shards(
+            n,
+            [&](int64_t s) {
+              auto [l, v] = loss_of(parts[s], refs[s], shard_loss_cfg, n_pairs, sft_per_token);
+              shard_values[s] = v.to(torch::kCPU) * (static_cast<double>(parts[s].batch_size) /
+                                                     static_cast<double>(B));
+              return l / static_cast<double>(n_micro);
+            },
+            shard_params);
+        loss = losses.sum() * static_cast<double>(n_micro);
+        values = torch::stack(shard_values).sum(0);
       }
-      if (a + 1 == n_micro) optimizer.arm_gradient_sync();  // all-reduce during backward
-      (loss / static_cast<double>(n_micro)).backward();
-      values.push_back(loss);
-      auto stats = torch::stack(values).detach().to(torch::kCPU, torch::kFloat64);
-      auto sa = stats.accessor<double, 1>();
+      auto sa = values.accessor<double, 1>();
       for (size_t k = 0; k < names.size(); ++k) window.add(names[k], sa[k]);
-      step_loss += sa[names.size()] / static_cast<double>(n_micro);
-      window.count(b.n_tokens, b.batch_size);
-      state.tokens_seen += b.n_tokens;
+      step_loss += loss.item<double>() / static_cast<double>(n_micro);
+      window.count(n_tokens, B);
+      state.tokens_seen += n_tokens;
     }
     step_loss = run.all_sum({step_loss})[0];  // the step's loss over all ranks
     auto st = optimizer.step(state.step, step_loss);

@@ -5,6 +5,7 @@
 // rejected rows, one vision pass per image); the loss is algo::bradley_terry_loss (TRL
 // RewardTrainer). The output folder is a reward-model folder (hub/reward_model_folder.h) that
 // `mmpost rlhf` loads with hub::load_reward_model.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -28,6 +29,7 @@
 #include "mmpost/train/checkpointing.h"
 #include "mmpost/train/optimizer.h"
 #include "mmpost/train/run.h"
+#include "mmpost/train/shards.h"
 
 namespace mmpost::cli {
 namespace fs = std::filesystem;
@@ -253,6 +255,15 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
                      fmt(r.margin) + " (" + std::to_string(r.n) + " pairs)");
   };
 
+  // train.cpu_shards: a micro-batch as row shards whose forward + backward run at once (the
+  // Bradley-Terry terms are means over pairs: weighted by each shard's pairs they add up exactly).
+  std::vector<torch::Tensor> shard_params;
+  for (auto& kv : named) {
+    if (kv.second.requires_grad()) shard_params.push_back(kv.second);
+  }
+  const int64_t n_shards =
+      stage_cpu_shards(cfg.train.cpu_shards, shard_params, run, cfg.lora.dropout, "", "rm");
+
   // ---- loop --------------------------------------------------------------------------------
   run.start(total_steps, recipe);
   auto& state = run.state;
@@ -267,29 +278,64 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
     double step_loss = 0.0;
     for (int64_t a = 0; a < n_micro; ++a) {
       if (micro[a].empty()) continue;  // this rank's share of the window is empty
-      auto rb = collate_rm(micro[a], pad_id, device, dtype);
-      const int64_t B = rb.b.batch_size;
-      auto rewards = pair_rewards(rm, rb.b);  // [2B] float32
-      auto rc = rewards.narrow(0, 0, B), rr = rewards.narrow(0, B, B);
-      auto l = algo::bradley_terry_loss(rc, rr, rb.margin, cfg.rm.center_rewards_coefficient);
-      // The loss's terms are means over the B pairs here: weight them to a mean over all ranks'.
-      l.loss = l.loss * (static_cast<double>(B) / pairs[a]);
-      if (a + 1 == n_micro) optimizer.arm_gradient_sync();  // all-reduce during backward
-      (l.loss / static_cast<double>(n_micro)).backward();
-      // TRL RewardTrainer's metrics (accuracy, margin) under mmpost's rewards/* names: one
-      // device-to-host copy per micro-batch.
-      auto rcd = rc.detach(), rrd = rr.detach();
-      auto stats = torch::stack({l.loss.detach(), l.accuracy.to(torch::kFloat32), rcd.mean(),
-                                 rrd.mean(), (rcd - rrd).mean()})
-                       .to(torch::kCPU, torch::kFloat64);
+      // A batch's loss (its pairs' mean weighted to a mean over the micro-batch's pairs on all
+      // ranks) and its metrics [loss, accuracy, rewards/chosen, rewards/rejected,
+      // rewards/margins], means over its own pairs, detached.
+      auto loss_of = [&](const RmBatch& rb) {
+        const int64_t B = rb.b.batch_size;
+        auto rewards = pair_rewards(rm, rb.b);  // [2B] float32
+        auto rc = rewards.narrow(0, 0, B), rr = rewards.narrow(0, B, B);
+        auto l = algo::bradley_terry_loss(rc, rr, rb.margin, cfg.rm.center_rewards_coefficient);
+        auto loss = l.loss * (static_cast<double>(B) / pairs[a]);
+        auto rcd = rc.detach(), rrd = rr.detach();
+        auto stats = torch::stack({loss.detach(), l.accuracy.to(torch::kFloat32), rcd.mean(),
+                                   rrd.mean(), (rcd - rrd).mean()})
+                         .to(torch::kCPU, torch::kFloat64);
+        return std::make_pair(loss, stats);
+      };
+      const auto B = static_cast<int64_t>(micro[a].size());
+      const int64_t n = std::min(n_shards, B);
+      torch::Tensor stats;
+      int64_t n_tokens = 0;
+      if (n == 1) {
+        auto rb = collate_rm(micro[a], pad_id, device, dtype);
+        auto [loss, st] = loss_of(rb);
+        if (a + 1 == n_micro) optimizer.arm_gradient_sync();  // all-reduce during backward
+        (loss / static_cast<double>(n_micro)).backward();
+        stats = st;
+        n_tokens = rb.b.n_tokens;
+      } else {  // train.cpu_shards (one process: no gradient all-reduce to arm)
+        std::vector<RmBatch> parts;
+        for (int64_t s = 0; s < n; ++s) {
+          const auto [begin, end] = train::shard_range(B, n, s);
+          parts.push_back(collate_rm(
+              std::vector<RmSample>(micro[a].begin() + begin, micro[a].begin() + end), pad_id,
+              device, dtype));
+          n_tokens += parts.back().b.n_tokens;
+        }
+        std::vector<torch::Tensor> shard_stats(static_cast<size_t>(n));
+        train::backward_shards(
+            n,
+            [&](int64_t s) {
+              auto [loss, st] = loss_of(parts[s]);
+              // loss: already a share of the micro-batch's; the means weighted by pairs
+              auto w = torch::full({5}, static_cast<double>(parts[s].b.batch_size) /
+                                            static_cast<double>(B), torch::kFloat64);
+              w[0] = 1.0;
+              shard_stats[s] = st * w;
+              return loss / static_cast<double>(n_micro);
+            },
+            shard_params);
+        stats = torch::stack(shard_stats).sum(0);
+      }
       auto sa = stats.accessor<double, 1>();
       step_loss += sa[0] / static_cast<double>(n_micro);
       window.add("accuracy", sa[1]);
       window.add("rewards/chosen", sa[2]);
       window.add("rewards/rejected", sa[3]);
       window.add("rewards/margins", sa[4]);
-      window.count(rb.b.n_tokens, B);
-      state.tokens_seen += rb.b.n_tokens;
+      window.count(n_tokens, B);
+      state.tokens_seen += n_tokens;
     }
     step_loss = run.all_sum({step_loss})[0];  // the step's loss over all ranks
     auto st = optimizer.step(state.step, step_loss);

@@ -2,6 +2,7 @@
 // The stage is the loop: setup -> model -> data -> optimizer -> resume -> loop -> final save,
 // top to bottom (STYLE.md 1). Loss: next-token cross-entropy on assistant turns, averaged over all
 // supervised tokens of the optimizer step (so gradient accumulation equals one big batch).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -27,6 +28,7 @@
 #include "mmpost/train/evaluate.h"
 #include "mmpost/train/optimizer.h"
 #include "mmpost/train/run.h"
+#include "mmpost/train/shards.h"
 
 namespace mmpost::cli {
 namespace fs = std::filesystem;
@@ -108,6 +110,11 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
                      std::to_string(r.n) + ")");
   };
 
+  // train.cpu_shards: each micro-batch as row shards whose forward + backward run at once.
+  const std::vector<torch::Tensor> shard_params = trainable_tensors(sm);
+  const int64_t n_shards = stage_cpu_shards(cfg.train.cpu_shards, shard_params, run,
+                                            cfg.lora.dropout, "", "sft");
+
   // ---- loop --------------------------------------------------------------------------------
   run.start(total_steps, recipe);
   auto& state = run.state;
@@ -115,50 +122,68 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   while (state.step < total_steps) {
     // Fetch the step's micro-batches first: the loss is normalized by all their targets, summed
     // over ranks (a rank may hold fewer samples, or none, in an epoch's last window).
-    std::vector<data::Batch> micro;
+    std::vector<std::vector<data::Batch>> micro;  // [micro-batch][shard]
     int64_t n_targets = 0;
     for (int64_t a = 0; a < cfg.train.gradient_accumulation_steps; ++a) {
       auto samples = loader.next_batch();
       MMPOST_CHECK_DATA(samples.has_value(), cfg.data.train, ": no training samples");
       if (samples->empty()) continue;
-      auto cpu_batch = cfg.data.packing
-                           ? data::collate_packed(*samples, pad_id, cfg.data.max_length)
-                           : data::collate(*samples, pad_id);
-      if (cfg.data.packing) {
-        cpu_batch.position_ids = model::packed_position_ids(
-            *model, cpu_batch.input_ids, cpu_batch.attention_mask, cpu_batch.image_grid_thw);
+      const auto n_samples = static_cast<int64_t>(samples->size());
+      const int64_t n = std::min(n_shards, n_samples);
+      std::vector<data::Batch> shards;
+      int64_t cells = 0, tokens = 0;
+      for (int64_t s = 0; s < n; ++s) {
+        const auto [begin, end] = train::shard_range(n_samples, n, s);
+        const std::vector<data::SftSample> part(samples->begin() + begin, samples->begin() + end);
+        auto cpu_batch = cfg.data.packing ? data::collate_packed(part, pad_id, cfg.data.max_length)
+                                          : data::collate(part, pad_id);
+        if (cfg.data.packing) {
+          cpu_batch.position_ids = model::packed_position_ids(
+              *model, cpu_batch.input_ids, cpu_batch.attention_mask, cpu_batch.image_grid_thw);
+        }
+        cells += cpu_batch.input_ids.numel();
+        tokens += cpu_batch.n_tokens;
+        n_targets += algo::n_supervised_targets(cpu_batch.labels);  // on the CPU: no device sync
+        shards.push_back(cpu_batch.to(device, dtype));
       }
       // Padded cells: what packing saves (0 = every cell a token).
-      window.add("padding_fraction",
-                 1.0 - static_cast<double>(cpu_batch.n_tokens) /
-                           static_cast<double>(cpu_batch.input_ids.numel()));
-      n_targets += algo::n_supervised_targets(cpu_batch.labels);  // on the CPU: no device sync
-      micro.push_back(cpu_batch.to(device, dtype));
-      window.count(micro.back().n_tokens, static_cast<int64_t>(samples->size()));
-      state.tokens_seen += micro.back().n_tokens;
+      window.add("padding_fraction", 1.0 - static_cast<double>(tokens) / static_cast<double>(cells));
+      window.count(tokens, n_samples);
+      state.tokens_seen += tokens;
+      micro.push_back(std::move(shards));
     }
     const double global_targets = run.all_sum({static_cast<double>(n_targets)})[0];
     MMPOST_CHECK_DATA(global_targets > 0, "step ", state.step + 1,
                       ": the batch has no supervised token (all labels are -100)",
                       "\n  hint: check data.max_length and that records have assistant replies");
-    optimizer.zero_grad();
-    torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
-    for (size_t k = 0; k < micro.size(); ++k) {
-      const auto& b = micro[k];
-      torch::Tensor loss;
+    // One shard's loss: its summed cross-entropy over the step's supervised tokens of all ranks.
+    auto loss_of = [&](const data::Batch& b) {
       if (cfg.train.logits_chunk_size == 0) {  // whole logits, as transformers' ForCausalLMLoss
         auto logits = model->forward(b.input_ids, {b.pixel_values, b.image_grid_thw},
                                      b.attention_mask, nullptr, b.position_ids);  // [B, T, V]
-        loss = algo::sft_loss_sum(logits, b.labels) / global_targets;
-      } else {  // supervised tokens only, through the head a chunk at a time
-        auto hidden = model->forward_hidden(b.input_ids, {b.pixel_values, b.image_grid_thw},
-                                            b.attention_mask, nullptr, b.position_ids);
-        auto weight = model->language_model->output_weight();
-        loss = algo::sft_loss_sum_from_hidden(
-                   hidden, weight, b.labels,
-                   algo::logits_chunk_rows(cfg.train.logits_chunk_size, weight.size(0))) /
-               global_targets;
+        return algo::sft_loss_sum(logits, b.labels) / global_targets;
       }
+      // supervised tokens only, through the head a chunk at a time
+      auto hidden = model->forward_hidden(b.input_ids, {b.pixel_values, b.image_grid_thw},
+                                          b.attention_mask, nullptr, b.position_ids);
+      auto weight = model->language_model->output_weight();
+      return algo::sft_loss_sum_from_hidden(
+                 hidden, weight, b.labels,
+                 algo::logits_chunk_rows(cfg.train.logits_chunk_size, weight.size(0))) /
+             global_targets;
+    };
+    optimizer.zero_grad();
+    torch::Tensor step_loss = torch::zeros({}, torch::TensorOptions(device).dtype(torch::kFloat64));
+    for (size_t k = 0; k < micro.size(); ++k) {
+      const auto& shards = micro[k];
+      if (shards.size() > 1) {  // train.cpu_shards (one process: no gradient all-reduce to arm)
+        auto losses = train::backward_shards(
+            static_cast<int64_t>(shards.size()),
+            [&](int64_t s) { return loss_of(shards[static_cast<size_t>(s)]); }, shard_params);
+        step_loss += losses.sum().to(device);
+        continue;
+      }
+      auto loss = loss_of(shards[0]);
       if (k + 1 == micro.size()) optimizer.arm_gradient_sync();  // all-reduce during backward
       loss.backward();
       step_loss += loss.detach().to(torch::kFloat64);

@@ -1,6 +1,8 @@
 // Shared stage glue (see stage_common.h).
 #include "mmpost/stage_common.h"
 
+#include "mmpost/train/shards.h"
+
 #include "mmpost/io/safetensors.h"
 
 #include <algorithm>
@@ -359,6 +361,31 @@ std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageMo
     for (auto& kv : sm.lora->named_parameters()) named.push_back(kv);
   }
   return named;
+}
+
+std::vector<torch::Tensor> trainable_tensors(const StageModel& sm) {
+  std::vector<torch::Tensor> out;
+  for (auto& kv : trainable_named(sm)) {
+    if (kv.second.requires_grad()) out.push_back(kv.second);
+  }
+  return out;
+}
+
+int64_t stage_cpu_shards(int64_t requested, const std::vector<torch::Tensor>& trainable,
+                         const train::Run& run, double lora_dropout,
+                         const std::string& stage_blocker, const std::string& stage) {
+  std::string blocker = train::shard_blocker(lora_dropout, run.dtype(), run.mixed_precision(),
+                                             run.world().world_size);
+  if (blocker.empty()) blocker = stage_blocker;
+  int64_t bytes = 0;
+  for (const auto& t : trainable) bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  const int64_t n = train::resolve_cpu_shards(requested, run.device(), bytes, blocker);
+  if (n > 1) {
+    log_info(stage + ": train.cpu_shards " + std::to_string(n) + (requested == 0 ? " (auto)" : "") +
+             ": each micro-batch runs as " + std::to_string(n) +
+             " row shards at once, one per thread");
+  }
+  return n;
 }
 
 StageReference load_reference(StageModel& sm, const config::LoraSection& lora,

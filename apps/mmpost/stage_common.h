@@ -54,6 +54,18 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
 /// adapter tensors under their PEFT keys.
 std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageModel& sm);
 
+/// The tensors of trainable_named that require grad, in its order (what backward_shards
+/// differentiates).
+std::vector<torch::Tensor> trainable_tensors(const StageModel& sm);
+
+/// train.cpu_shards for this stage's run (train::resolve_cpu_shards, train/shards.h) training
+/// `trainable`: blocked by `lora_dropout` > 0, compute other than float32, several processes,
+/// or `stage_blocker` (the stage's own reason, "" for none). Logs the count when above 1.
+/// Throws as resolve_cpu_shards.
+int64_t stage_cpu_shards(int64_t requested, const std::vector<torch::Tensor>& trainable,
+                         const train::Run& run, double lora_dropout,
+                         const std::string& stage_blocker, const std::string& stage);
+
 /// The frozen reference of dpo and rlhf (implicit rewards, KL). Either a model of its own, or,
 /// under LoRA, the policy itself with its adapters switched off around each reference forward
 /// (`model::AdaptersDisabled off(ref.adapters_off)`), as TRL does with a PEFT model: no second

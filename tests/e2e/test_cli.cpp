@@ -239,7 +239,8 @@ TEST_CASE("a model.config too large for the memory is refused before allocating"
 }
 
 TEST_CASE("sft efficiency settings (fused AdamW, chunked loss, activation checkpointing, "
-          "packing, bf16 mixed precision) keep step 1's loss and gradient norm", "[e2e]") {
+          "packing, CPU shards, bf16 mixed precision) keep step 1's loss and gradient norm",
+          "[e2e]") {
   auto dir = tmpdir("efficiency");
   const std::string base = "sft -r recipes/tiny/sft-tiny.json --set data.eval='\"\"' "
                            "train.max_steps=2 train.log_every_n_steps=1 data.shuffle_buffer=0 ";
@@ -252,7 +253,8 @@ TEST_CASE("sft efficiency settings (fused AdamW, chunked loss, activation checkp
     return std::make_pair(rows[0], r.err);
   };
   // Whole [B, T, V] logits and torch::optim::AdamW: the path before these settings existed.
-  auto [plain, plain_log] = first_row("plain", "train.logits_chunk_size=0 optim.fused=false");
+  auto [plain, plain_log] =
+      first_row("plain", "train.logits_chunk_size=0 optim.fused=false train.cpu_shards=1");
   auto [dflt, dflt_log] = first_row("default", "");
   auto [ckpt, ckpt_log] =
       first_row("ckpt", "model.enable_activation_checkpointing=true train.logits_chunk_size=3");
@@ -260,9 +262,15 @@ TEST_CASE("sft efficiency settings (fused AdamW, chunked loss, activation checkp
   // attention), so the same loss and gradient.
   auto [packed, packed_log] = first_row("packed", "data.packing=true");
   auto [bf16, bf16_log] = first_row("bf16", "mixed_precision=bf16");
+  // Row shards run at once on two threads (16 samples: 6 + 5 + 5), packed or not.
+  auto [sharded, sharded_log] = first_row("sharded", "num_threads=2 train.cpu_shards=3");
+  auto [sharded_packed, sharded_packed_log] =
+      first_row("sharded_packed", "num_threads=2 train.cpu_shards=2 data.packing=true");
+  CHECK(sharded_log.find("train.cpu_shards 3: each micro-batch runs as 3 row shards") !=
+        std::string::npos);
   const double loss = plain["loss"].get<double>(), gn = plain["grad_norm"].get<double>();
   CHECK(loss > 5.0);  // ~ ln 512 at random init
-  for (const auto* row : {&dflt, &ckpt, &packed}) {
+  for (const auto* row : {&dflt, &ckpt, &packed, &sharded, &sharded_packed}) {
     CHECK(std::abs((*row)["loss"].get<double>() - loss) < 1e-5 * loss);
     CHECK(std::abs((*row)["grad_norm"].get<double>() - gn) < 1e-4 * gn);
   }
@@ -277,6 +285,15 @@ TEST_CASE("sft efficiency settings (fused AdamW, chunked loss, activation checkp
   for (const auto& [name, t] : saved) {
     INFO(name);
     CHECK(t.scalar_type() == torch::kFloat32);
+  }
+  // Shards refuse what does not split: dropout masks, bf16 compute.
+  for (const std::string sets : {"lora.r=2 lora.dropout=0.1 train.cpu_shards=2",
+                                 "mixed_precision=bf16 train.cpu_shards=2"}) {
+    auto refused = run_mmpost(base + sets + " --output " + (dir / "refused").string(),
+                              dir / "log_refused");
+    INFO(sets << ": " << refused.err);
+    CHECK(refused.code == 2);
+    CHECK(refused.err.find("train.cpu_shards: 2 shards cannot be used here") != std::string::npos);
   }
   // Pure bf16 and mixed bf16 together are refused, naming both keys.
   auto bad = run_mmpost(base + "mixed_precision=bf16 dtype=bfloat16 --output " +

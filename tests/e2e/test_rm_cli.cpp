@@ -64,6 +64,18 @@ fs::path write_digit_pairs(const fs::path& dir, int n, bool tag = false) {
   return out;
 }
 
+/// A 2-step tiny SFT model under `dir` and 16 digit pairs: the start of an `rm` command line on
+/// them, without eval.
+std::string two_step_rm_base(const fs::path& dir) {
+  auto sft = run_mmpost("sft -r recipes/tiny/sft-tiny.json --set data.eval='\"\"' "
+                        "train.max_steps=2 --output " + (dir / "sft").string(),
+                        dir);
+  REQUIRE(sft.code == 0);
+  const fs::path pairs = write_digit_pairs(dir, 16);
+  return "rm -r recipes/tiny/rm-tiny.json --set model.path=" + (dir / "sft").string() +
+         " data.train=" + pairs.string() + " data.eval='\"\"' ";
+}
+
 }  // namespace
 
 TEST_CASE("rm trains a reward model on digit pairs and the folder loads back", "[e2e]") {
@@ -150,14 +162,8 @@ TEST_CASE("rm trains a reward model on digit pairs and the folder loads back", "
 TEST_CASE("rm resume: 2 steps + resume + 2 steps equals 4 straight steps (head included)",
           "[e2e]") {
   testing::TempDir tmp("e2e_rm_resume");
-  auto sft = run_mmpost("sft -r recipes/tiny/sft-tiny.json --set data.eval='\"\"' "
-                        "train.max_steps=2 --output " + (tmp.path / "sft").string(),
-                        tmp.path);
-  REQUIRE(sft.code == 0);
-  const fs::path pairs = write_digit_pairs(tmp.path, 16);
-  const std::string base = "rm -r recipes/tiny/rm-tiny.json --set model.path=" +
-                           (tmp.path / "sft").string() + " data.train=" + pairs.string() +
-                           " data.eval='\"\"' train.save_every_n_steps=2 data.shuffle_buffer=8 ";
+  const std::string base =
+      two_step_rm_base(tmp.path) + "train.save_every_n_steps=2 data.shuffle_buffer=8 ";
   REQUIRE(run_mmpost(base + "train.max_steps=4 --output " + (tmp.path / "a").string(), tmp.path)
               .code == 0);
   REQUIRE(run_mmpost(base + "train.max_steps=2 --output " + (tmp.path / "b").string(), tmp.path)
@@ -179,4 +185,38 @@ TEST_CASE("rm rejects a negative center_rewards_coefficient with exit 2", "[e2e]
                       tmp.path);
   CHECK(r.code == 2);
   CHECK(r.err.find("rm.center_rewards_coefficient") != std::string::npos);
+}
+
+TEST_CASE("rm train.cpu_shards=2 gives the unsharded steps, and lora.dropout refuses it",
+          "[e2e]") {
+  testing::TempDir tmp("e2e_rm_shards");
+  // 7 pairs per micro-batch: shards of 4 and 3 (the means weighted by their pairs); centering
+  // on, so both Bradley-Terry terms split.
+  const std::string base = two_step_rm_base(tmp.path) +
+                           "train.save_every_n_steps=0 data.shuffle_buffer=0 num_threads=2"
+                           " train.batch_size=7 train.max_steps=3 train.log_every_n_steps=1 ";
+  auto one = run_mmpost(base + "train.cpu_shards=1 --output " + (tmp.path / "one").string(), tmp.path);
+  auto two = run_mmpost(base + "train.cpu_shards=2 --output " + (tmp.path / "two").string(), tmp.path);
+  INFO(two.err);
+  REQUIRE(one.code == 0);
+  REQUIRE(two.code == 0);
+  CHECK(two.err.find("train.cpu_shards 2") != std::string::npos);
+  auto a = read_lines_with(tmp.path / "one" / "metrics.jsonl", "loss");
+  auto b = read_lines_with(tmp.path / "two" / "metrics.jsonl", "loss");
+  REQUIRE(a.size() == 3);
+  REQUIRE(b.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    // (not accuracy: a count of signs, which rounding may flip where a margin is ~0)
+    for (const char* k : {"loss", "grad_norm", "rewards/chosen", "rewards/margins"}) {
+      INFO("step " << i + 1 << " " << k);
+      const double x = a[i][k].get<double>(), y = b[i][k].get<double>();
+      CHECK(std::abs(x - y) <= 1e-5 * std::max(1.0, std::abs(x)));
+    }
+  }
+  auto bad = run_mmpost(base + "lora.r=2 lora.dropout=0.1 train.cpu_shards=2 --output " +
+                            (tmp.path / "bad").string(),
+                        tmp.path);
+  CHECK(bad.code == 2);
+  CHECK(bad.err.find("train.cpu_shards") != std::string::npos);
+  CHECK(bad.err.find("lora.dropout") != std::string::npos);
 }

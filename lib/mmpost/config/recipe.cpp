@@ -87,6 +87,8 @@ void CommonConfig::validate_common() const {
   MMPOST_CHECK_USAGE(train.eval_every_n_steps >= 0, "train.eval_every_n_steps: must be >= 0");
   MMPOST_CHECK_USAGE(train.logits_chunk_size >= -1,
                      "train.logits_chunk_size: must be -1 (auto), 0 (off) or a token count");
+  MMPOST_CHECK_USAGE(train.cpu_shards >= 0,
+                     "train.cpu_shards: must be 0 (auto), 1 (off) or a shard count");
   MMPOST_CHECK_USAGE(train.keep_last_n_checkpoints >= 1,
                      "train.keep_last_n_checkpoints: must be >= 1");
   MMPOST_CHECK_USAGE(num_threads >= 0, "num_threads: must be >= 0");

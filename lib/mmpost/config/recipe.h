@@ -140,6 +140,7 @@ struct TrainSection {
   int64_t eval_max_samples = 0;    // 0 = all
   int64_t keep_last_n_checkpoints = 2;
   int64_t logits_chunk_size = -1;  // -1 auto (128 MiB of float32 logits), 0 off, N tokens
+  int64_t cpu_shards = 0;          // 0 auto, 1 off, N row shards run at once (train/shards.h)
   template <class V>
   void visit(V& v) {
     v("batch_size", batch_size, "samples per micro-batch");
@@ -157,6 +158,10 @@ struct TrainSection {
       "many at a time, so the "
       "[B, T, V] float32 logits never exist whole (-1: auto, a chunk's logits within 128 MiB; "
       "0: off, whole logits as transformers; N: N tokens per chunk)");
+    v("cpu_shards", cpu_shards,
+      "sft, dpo, rm on the CPU: each micro-batch split into this many row shards whose forward "
+      "and backward run at once, one per thread (0: auto, the intra-op threads when the model "
+      "is small; 1: off)");
   }
 };
 

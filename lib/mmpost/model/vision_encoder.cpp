@@ -26,8 +26,15 @@ torch::Tensor ClipVisionEmbeddingsImpl::forward(const torch::Tensor& pixel_value
                     "pixel_values: expected [N, 3, ", image_size_, ", ", image_size_, "], got ",
                     pixel_values.sizes());
   const int64_t N = pixel_values.size(0);
-  auto patches = patch_embedding(pixel_values.to(patch_embedding->weight.scalar_type()));
-  patches = patches.flatten(/*start_dim=*/2).transpose(1, 2);              // [N, P, C]
+  // The stride-p, p x p convolution as one GEMM over the non-overlapping patches (the same sums
+  // as transformers' Conv2d): [N, 3, G*p, G*p] -> [N, G*G, 3*p*p] @ [3*p*p, C]. A plain GEMM also
+  // runs safely inside train.cpu_shards' parallel region, where oneDNN's convolution does not.
+  const auto& w = patch_embedding->weight;  // [C, 3, p, p]
+  const int64_t p = w.size(2), G = image_size_ / p, K = w.size(1) * p * p;
+  auto x = pixel_values.to(w.scalar_type());
+  if (G * p != image_size_) x = x.narrow(2, 0, G * p).narrow(3, 0, G * p);  // conv drops the rest
+  auto cols = x.reshape({N, w.size(1), G, p, G, p}).permute({0, 2, 4, 1, 3, 5}).reshape({N, G * G, K});
+  auto patches = torch::matmul(cols, w.reshape({w.size(0), K}).t());     // [N, P, C]
   auto cls = class_embedding.view({1, 1, -1}).expand({N, 1, -1});         // [N, 1, C]
   return torch::cat({cls, patches}, /*dim=*/1) + position_embedding->weight.unsqueeze(0);
 }
