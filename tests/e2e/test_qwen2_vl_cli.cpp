@@ -246,6 +246,23 @@ TEST_CASE("sft, eval and generate run a Qwen2-VL hub folder on real photos", "[e
   CHECK(packed_rows[0]["padding_fraction"].get<double>() <
         rows[0]["padding_fraction"].get<double>());
 
+  // train.cpu_shards: two row shards at once on two threads (plain and packed), the same step 1.
+  for (const std::string packing : {"false", "true"}) {
+    INFO("packing " << packing);
+    const auto sharded_out = tmp.path / ("sft_sharded_" + packing);
+    auto r = run("sft_sharded", "sft -r " + recipe + " --set num_threads=2 train.cpu_shards=2" +
+                                    " data.packing=" + packing + " train.max_steps=1 --output " +
+                                    sharded_out.string());
+    CHECK(r.err.find("train.cpu_shards 2: each micro-batch runs as 2 row shards") !=
+          std::string::npos);
+    const auto sharded_rows = train_rows(sharded_out / "metrics.jsonl");
+    REQUIRE(sharded_rows.size() == 1);
+    CHECK(sharded_rows[0]["loss"].get<double>() ==
+          Approx(expected_loss.item<double>()).epsilon(1e-5));
+    CHECK(sharded_rows[0]["grad_norm"].get<double>() ==
+          Approx(rows[0]["grad_norm"].get<double>()).epsilon(1e-4));
+  }
+
   // The saved folder is a Qwen2-VL hub folder with new weights and the same tokenizer files.
   CHECK(hub::is_qwen2_vl_folder(sft_out));
   CHECK(read_all(sft_out / "tokenizer.json") == read_all(start / "tokenizer.json"));
