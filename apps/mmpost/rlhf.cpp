@@ -184,6 +184,9 @@ int run_rlhf(const config::RlhfConfig& cfg, bool allow_resume) {
   // ---- policy, reference, reward model, value head -------------------------------------------
   MMPOST_CHECK_USAGE(!cfg.data.packing, "data.packing: only sft packs its batches; rlhf does not",
                      "\n  hint: remove data.packing from the recipe");
+  MMPOST_CHECK_USAGE(cfg.train.cpu_shards <= 1, "train.cpu_shards: ", cfg.train.cpu_shards,
+                     " shards: only sft, dpo and rm split their micro-batches; rlhf does not",
+                     "\n  hint: set it to 0 (auto: off here) or 1");
   auto sm = load_stage_model(cfg.model, cfg.data.image, ckpt, device, dtype, "rlhf", cfg.lora);
   model::Vlm model = sm.model;
   data::Tokenizer& tokenizer = *sm.tokenizer;

@@ -147,4 +147,9 @@ TEST_CASE("rlhf: GRPO raises a tiny policy's mean reward", "[e2e][rlhf]") {
               dir.path / "log_bad");
   CHECK(r.code == 2);
   CHECK_THAT(r.err, HasSubstr("rlhf.num_generation") && HasSubstr("num_generations"));
+  // rlhf does not split micro-batches into CPU shards: an explicit count is refused, not ignored.
+  r = run_cli(common + " --set train.cpu_shards=2 --output " + (dir.path / "y").string(),
+              dir.path / "log_shards");
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, HasSubstr("train.cpu_shards") && HasSubstr("rlhf does not"));
 }
