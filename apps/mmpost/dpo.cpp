@@ -284,23 +284,29 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
       shard_blocker = "dpo.loss_type " + algo::to_string(t) + " ranks the whole batch";
     }
   }
-  if (loss_cfg.loss_types.size() == 1 && loss_cfg.loss_types[0] == algo::DpoLossType::kSft) {
-    shard_blocker = "dpo.loss_type sft alone is a mean over the whole batch's tokens";
-  }
+  const bool only_sft = std::all_of(loss_cfg.loss_types.begin(), loss_cfg.loss_types.end(),
+                                    [](auto t) { return t == algo::DpoLossType::kSft; });
+  if (only_sft) shard_blocker = "dpo.loss_type sft alone is a mean over the whole batch's tokens";
   if (mdpo) shard_blocker = "dpo.mdpo draws its corrupted images per batch";
-  const std::vector<torch::Tensor> shard_params = trainable_tensors(sm);
+  const std::vector<torch::Tensor> shard_params = trainable_tensors(trainable_named(sm));
   const int64_t n_shards = stage_cpu_shards(cfg.train.cpu_shards, shard_params, run,
                                             cfg.lora.dropout, shard_blocker, "dpo");
-  algo::DpoLossConfig shard_loss_cfg = loss_cfg;  // without the sft term, added per shard
+  // Sharded: the sft terms (rpo_alpha, or named in dpo.loss_type) leave the per-shard loss and
+  // come back as one term over the micro-batch's chosen tokens, weighted by their summed weights.
+  algo::DpoLossConfig shard_loss_cfg = loss_cfg;
   double sft_weight = 0;
-  if (n_shards > 1 && loss_cfg.loss_types.back() == algo::DpoLossType::kSft) {
-    sft_weight = loss_cfg.loss_weights.empty() ? 1.0 : loss_cfg.loss_weights.back();
-    shard_loss_cfg.loss_types.pop_back();
-    if (!shard_loss_cfg.loss_weights.empty()) shard_loss_cfg.loss_weights.pop_back();
-  }
-  for (auto t : shard_loss_cfg.loss_types) {
-    MMPOST_CHECK(n_shards == 1 || t != algo::DpoLossType::kSft,
-                 "dpo: train.cpu_shards with an sft loss term that is not the last one");
+  if (n_shards > 1) {
+    shard_loss_cfg.loss_types.clear();
+    shard_loss_cfg.loss_weights.clear();
+    for (size_t k = 0; k < loss_cfg.loss_types.size(); ++k) {
+      const double w = loss_cfg.loss_weights.empty() ? 1.0 : loss_cfg.loss_weights[k];
+      if (loss_cfg.loss_types[k] == algo::DpoLossType::kSft) {
+        sft_weight += w;
+        continue;
+      }
+      shard_loss_cfg.loss_types.push_back(loss_cfg.loss_types[k]);
+      if (!loss_cfg.loss_weights.empty()) shard_loss_cfg.loss_weights.push_back(w);
+    }
   }
 
   // TRL's metric names (means over the pairs of the micro-batch), then mDPO's.
@@ -388,8 +394,10 @@ int run_dpo(const config::DpoConfig& cfg, bool allow_resume) {
         auto [l, v] = loss_of(b, r, loss_cfg, n_pairs, 0.0);
         if (a + 1 == n_micro) optimizer.arm_gradient_sync();  // all-reduce during backward
         (l / static_cast<double>(n_micro)).backward();
-        loss = l.detach().to(torch::kCPU, torch::kFloat64);
-        values = v.to(torch::kCPU);
+        // metrics and loss: one device-to-host copy per micro-batch
+        auto stats = torch::cat({v, l.detach().to(torch::kFloat64).view({1})}).to(torch::kCPU);
+        values = stats.narrow(0, 0, static_cast<int64_t>(names.size()));
+        loss = stats[static_cast<int64_t>(names.size())];
         n_tokens = b.n_tokens;
       } else {  // train.cpu_shards (one process: no gradient all-reduce to arm)
         std::vector<data::PreferenceBatch> parts;

@@ -257,10 +257,7 @@ int run_rm(const config::RmConfig& cfg, bool allow_resume) {
 
   // train.cpu_shards: a micro-batch as row shards whose forward + backward run at once (the
   // Bradley-Terry terms are means over pairs: weighted by each shard's pairs they add up exactly).
-  std::vector<torch::Tensor> shard_params;
-  for (auto& kv : named) {
-    if (kv.second.requires_grad()) shard_params.push_back(kv.second);
-  }
+  const std::vector<torch::Tensor> shard_params = trainable_tensors(named);
   const int64_t n_shards =
       stage_cpu_shards(cfg.train.cpu_shards, shard_params, run, cfg.lora.dropout, "", "rm");
 

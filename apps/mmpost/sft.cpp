@@ -111,7 +111,7 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
   };
 
   // train.cpu_shards: each micro-batch as row shards whose forward + backward run at once.
-  const std::vector<torch::Tensor> shard_params = trainable_tensors(sm);
+  const std::vector<torch::Tensor> shard_params = trainable_tensors(trainable_named(sm));
   const int64_t n_shards = stage_cpu_shards(cfg.train.cpu_shards, shard_params, run,
                                             cfg.lora.dropout, "", "sft");
 

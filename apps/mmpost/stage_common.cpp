@@ -363,9 +363,10 @@ std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageMo
   return named;
 }
 
-std::vector<torch::Tensor> trainable_tensors(const StageModel& sm) {
+std::vector<torch::Tensor> trainable_tensors(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named) {
   std::vector<torch::Tensor> out;
-  for (auto& kv : trainable_named(sm)) {
+  for (const auto& kv : named) {
     if (kv.second.requires_grad()) out.push_back(kv.second);
   }
   return out;

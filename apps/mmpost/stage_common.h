@@ -54,9 +54,10 @@ StageModel load_stage_model(const config::ModelSection& m, const config::ImageSe
 /// adapter tensors under their PEFT keys.
 std::vector<std::pair<std::string, torch::Tensor>> trainable_named(const StageModel& sm);
 
-/// The tensors of trainable_named that require grad, in its order (what backward_shards
-/// differentiates).
-std::vector<torch::Tensor> trainable_tensors(const StageModel& sm);
+/// The tensors of `named` (e.g. trainable_named) that require grad, in its order (what
+/// backward_shards differentiates).
+std::vector<torch::Tensor> trainable_tensors(
+    const std::vector<std::pair<std::string, torch::Tensor>>& named);
 
 /// train.cpu_shards for this stage's run (train::resolve_cpu_shards, train/shards.h) training
 /// `trainable`: blocked by `lora_dropout` > 0, compute other than float32, several processes,

@@ -32,7 +32,7 @@ std::string shard_blocker(double dropout, torch::Dtype compute_dtype, bool mixed
                           int64_t world_size);
 
 /// Shard s of n over `rows` rows: [begin, end), contiguous, sizes differing by at most one (the
-/// first rows % n shards one larger). Requires 0 <= s < n <= rows.
+/// first rows % n shards one larger). Throws Error(kRuntime) unless 0 <= s < n <= rows.
 std::pair<int64_t, int64_t> shard_range(int64_t rows, int64_t n, int64_t s);
 
 /// Runs fn(0) ... fn(n - 1) at once, one per intra-op thread (at::parallel_for; with fewer
