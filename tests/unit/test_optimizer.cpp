@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "catch.h"
+#include "mmpost/train/host_adamw.h"
 #include "mmpost/train/optimizer.h"
 
 using namespace mmpost;
@@ -103,4 +104,123 @@ TEST_CASE("fused AdamW: 6 steps agree with torch::optim::AdamW to float rounding
   for (size_t i = 0; i < init.size(); ++i) {
     CHECK(torch::equal(fused[i].second, cont[i].second));
   }
+}
+
+TEST_CASE("fused AdamW on float32 CPU tensors: clipping folded into the update equals scaling "
+          "the gradients first, and ATen's _fused_adamw_ to float rounding",
+          "[unit][optimizer]") {
+  torch::manual_seed(5);
+  // 70001 elements: more than one 32k-element chunk and a tail that is no vector width.
+  std::vector<torch::Tensor> init = {torch::randn({70001}), torch::randn({33, 17}),
+                                     torch::randn({3})};
+  for (const double beta1 : {0.9, 0.3}) {  // lerp weight 1 - beta1 below and above 0.5
+    INFO("beta1 " << beta1);
+    const train::AdamWOptions o{.lr = 2e-3, .beta1 = beta1, .beta2 = 0.95, .eps = 1e-8,
+                                .weight_decay = 0.05};
+    auto folded = params_from(init);
+    auto scaled = params_from(init);
+    auto aten = params_from(init);
+    auto opt_folded = train::make_adamw(folded, o);
+    auto opt_scaled = train::make_adamw(scaled, o);
+    auto opt_aten = train::make_adamw(aten, o);
+    for (int step = 0; step < 5; ++step) {
+      std::vector<torch::Tensor> grads;
+      for (const auto& t : init) grads.push_back(torch::randn_like(t));
+      const double coef = 0.25 + 0.1 * step;  // a clipping coefficient
+      set_grads(folded, grads);
+      set_grads(scaled, grads);
+      train::adamw_step(*opt_folded, /*fused=*/true, coef);
+      // The gradients themselves are left as they were.
+      for (size_t i = 0; i < init.size(); ++i) {
+        CHECK(torch::equal(folded[i].second.grad(), grads[i]));
+      }
+      std::vector<torch::Tensor> scaled_params;
+      for (auto& [name, p] : scaled) scaled_params.push_back(p);
+      train::scale_grads(scaled_params, coef);
+      train::adamw_step(*opt_scaled, /*fused=*/true, 1.0);
+      // ATen's kernel (the one torch.optim.AdamW(fused=True) runs) on the same scaled gradients.
+      torch::NoGradGuard ng;
+      std::vector<torch::Tensor> ps, gs, ms, vs, steps;
+      for (size_t i = 0; i < init.size(); ++i) {
+        auto& p = aten[i].second;
+        auto& slot = opt_aten->state()[p.unsafeGetTensorImpl()];
+        if (!slot) {
+          auto st = std::make_unique<torch::optim::AdamWParamState>();
+          st->exp_avg(torch::zeros_like(p));
+          st->exp_avg_sq(torch::zeros_like(p));
+          slot = std::move(st);
+        }
+        auto& st = static_cast<torch::optim::AdamWParamState&>(*slot);
+        ps.push_back(p);
+        gs.push_back(grads[i] * static_cast<float>(coef));
+        ms.push_back(st.exp_avg());
+        vs.push_back(st.exp_avg_sq());
+        steps.push_back(torch::full({}, static_cast<double>(step + 1)));
+      }
+      // Tensor i >= 1 has no decay in make_adamw's grouping only when 1-D; call per group.
+      std::vector<torch::Tensor> ps_d, gs_d, ms_d, vs_d, st_d, ps_n, gs_n, ms_n, vs_n, st_n;
+      for (size_t i = 0; i < init.size(); ++i) {
+        const bool decay = init[i].dim() >= 2;
+        (decay ? ps_d : ps_n).push_back(ps[i]);
+        (decay ? gs_d : gs_n).push_back(gs[i]);
+        (decay ? ms_d : ms_n).push_back(ms[i]);
+        (decay ? vs_d : vs_n).push_back(vs[i]);
+        (decay ? st_d : st_n).push_back(steps[i]);
+      }
+      at::_fused_adamw_(ps_d, gs_d, ms_d, vs_d, {}, st_d, o.lr, o.beta1, o.beta2, o.weight_decay,
+                        o.eps, false, false);
+      at::_fused_adamw_(ps_n, gs_n, ms_n, vs_n, {}, st_n, o.lr, o.beta1, o.beta2, 0.0, o.eps,
+                        false, false);
+    }
+    for (size_t i = 0; i < init.size(); ++i) {
+      INFO("tensor " << i);
+      // Folding the coefficient into the read rounds exactly as scaling the gradient first.
+      CHECK(torch::equal(folded[i].second, scaled[i].second));
+      CHECK(max_abs_diff(folded[i].second, init[i]) > 1e-3);
+      // ATen evaluates the same formula with an FMA in the lerp: float rounding apart.
+      CHECK(max_abs_diff(folded[i].second, aten[i].second) < 1e-6);
+      auto& sf = static_cast<torch::optim::AdamWParamState&>(
+          *opt_folded->state().at(folded[i].second.unsafeGetTensorImpl()));
+      auto& sa = static_cast<torch::optim::AdamWParamState&>(
+          *opt_aten->state().at(aten[i].second.unsafeGetTensorImpl()));
+      CHECK(max_abs_diff(sf.exp_avg(), sa.exp_avg()) < 1e-6);
+      CHECK(max_abs_diff(sf.exp_avg_sq(), sa.exp_avg_sq()) < 1e-6);
+    }
+  }
+}
+
+TEST_CASE("host AdamW and the gradient sum of squares do not depend on the thread count",
+          "[unit][optimizer]") {
+  // 0.5^2 x 10000 = 2500 exactly; 3^2 + 4^2 = 25.
+  auto half = torch::full({10000}, 0.5f);
+  CHECK(train::host_sum_squares(half.data_ptr<float>(), half.numel()) == 2500.0);
+  auto t34 = torch::tensor({3.0f, 4.0f});
+  CHECK(train::host_sum_squares(t34.data_ptr<float>(), 2) == 25.0);
+  CHECK(train::host_sum_squares(nullptr, 0) == 0.0);
+
+  torch::manual_seed(8);
+  auto x = torch::randn({300001});
+  auto g = torch::randn({300001});
+  const int threads = at::get_num_threads();
+  auto run = [&](int n_threads) {
+    at::set_num_threads(n_threads);
+    auto p = x.clone();
+    auto m = torch::zeros_like(p);
+    auto v = torch::zeros_like(p);
+    for (int64_t step = 1; step <= 3; ++step) {
+      train::host_adamw({{.param = p.data_ptr<float>(), .grad = g.data_ptr<float>(),
+                          .exp_avg = m.data_ptr<float>(), .exp_avg_sq = v.data_ptr<float>(),
+                          .numel = p.numel(), .lr = 1e-2, .weight_decay = 0.1, .step = step}},
+                        0.5);
+    }
+    const double sq = train::host_sum_squares(p.data_ptr<float>(), p.numel());
+    return std::make_pair(p, sq);
+  };
+  const auto [p1, sq1] = run(1);
+  const auto [p2, sq2] = run(2);
+  at::set_num_threads(threads);
+  CHECK(torch::equal(p1, p2));
+  CHECK(sq1 == sq2);
+  // The sum of squares agrees with a float64 sum (float32 lanes within each 4096-element block).
+  CHECK(std::abs(sq1 - p1.to(torch::kFloat64).pow(2).sum().item<double>()) < 1e-6 * sq1);
 }

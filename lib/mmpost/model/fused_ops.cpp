@@ -10,15 +10,7 @@
 #include <cstring>
 #include <limits>
 
-// One copy of each kernel per x86-64 level, picked by the CPU at load time (ifunc). Not under
-// the sanitizers (their runtime and ifunc resolvers do not mix) nor on other compilers/targets.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__)
-#define MMPOST_CPU_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define MMPOST_CPU_CLONES
-#endif
+#include "mmpost/core/cpu_clones.h"
 
 namespace mmpost::model {
 namespace {

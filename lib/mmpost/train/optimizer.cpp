@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "mmpost/core/check.h"
+#include "mmpost/train/host_adamw.h"
 
 namespace mmpost::train {
 
@@ -36,16 +37,30 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(
   return std::make_unique<torch::optim::AdamW>(groups, base);
 }
 
-void adamw_step(torch::optim::AdamW& opt, bool fused) {
+namespace {
+
+/// A tensor the host loops handle directly: float32, on the CPU, contiguous.
+bool host_float(const torch::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == torch::kFloat32 && t.is_contiguous();
+}
+
+}  // namespace
+
+void adamw_step(torch::optim::AdamW& opt, bool fused, double grad_scale) {
+  torch::NoGradGuard no_grad;
   if (!fused) {
+    if (grad_scale != 1.0) {
+      for (auto& group : opt.param_groups()) scale_grads(group.params(), grad_scale);
+    }
     opt.step();
     return;
   }
-  torch::NoGradGuard no_grad;
+  std::vector<HostAdamWTensor> host;  // float32 CPU tensors: mmpost's one-pass kernel
   for (auto& group : opt.param_groups()) {
     const auto& o = static_cast<const torch::optim::AdamWOptions&>(group.options());
     TORCH_CHECK(!o.amsgrad(), "adamw_step: amsgrad is not supported by the fused path");
-    // One kernel call per (device, dtype): the CUDA kernel needs them uniform within a call.
+    const auto [beta1, beta2] = o.betas();
+    // Others: one ATen kernel call per (device, dtype), which the CUDA kernel needs uniform.
     struct Lists {
       std::vector<torch::Tensor> params, grads, exp_avgs, exp_avg_sqs, steps;
     };
@@ -62,6 +77,17 @@ void adamw_step(torch::optim::AdamW& opt, bool fused) {
       }
       auto& st = static_cast<torch::optim::AdamWParamState&>(*slot);
       st.step(st.step() + 1);
+      const auto& g = p.grad();
+      if (host_float(p) && host_float(g) && host_float(st.exp_avg()) &&
+          host_float(st.exp_avg_sq())) {
+        host.push_back({.param = p.data_ptr<float>(), .grad = g.data_ptr<float>(),
+                        .exp_avg = st.exp_avg().data_ptr<float>(),
+                        .exp_avg_sq = st.exp_avg_sq().data_ptr<float>(), .numel = p.numel(),
+                        .lr = o.lr(), .beta1 = beta1, .beta2 = beta2, .eps = o.eps(),
+                        .weight_decay = o.weight_decay(), .step = st.step()});
+        continue;
+      }
+      if (grad_scale != 1.0) p.grad().mul_(grad_scale);
       auto& l = calls[{p.device().str(), static_cast<int>(p.scalar_type())}];
       l.params.push_back(p);
       l.grads.push_back(p.grad());
@@ -71,13 +97,13 @@ void adamw_step(torch::optim::AdamW& opt, bool fused) {
       l.steps.push_back(torch::full({}, static_cast<double>(st.step()),
                                     torch::TensorOptions().dtype(torch::kFloat32).device(p.device())));
     }
-    const auto [beta1, beta2] = o.betas();
     for (auto& [key, l] : calls) {
       at::_fused_adamw_(l.params, l.grads, l.exp_avgs, l.exp_avg_sqs, /*max_exp_avg_sqs=*/{},
                         l.steps, o.lr(), beta1, beta2, o.weight_decay(), o.eps(),
                         /*amsgrad=*/false, /*maximize=*/false);
     }
   }
+  if (!host.empty()) host_adamw(host, grad_scale);
 }
 
 void set_lr(torch::optim::Optimizer& opt, double lr) {
@@ -101,86 +127,51 @@ double lr_multiplier(const std::string& schedule, int64_t step, int64_t warmup, 
               "valid values: cosine, linear, constant");
 }
 
-namespace {
-
-/// A gradient the host loops below handle directly: float32, on the CPU, contiguous.
-bool host_float(const torch::Tensor& g) {
-  return g.device().is_cpu() && g.scalar_type() == torch::kFloat32 && g.is_contiguous();
-}
-
-/// Elements per parallel chunk of the host loops (small gradients stay on one thread).
-constexpr int64_t kHostGrain = int64_t{1} << 16;
-
-/// sum_i g_i^2 of a host_float tensor: 8 float lanes per block of <= 4096 elements, blocks and
-/// chunks summed in double (no dispatcher call per tensor, unlike ATen's norm).
-double host_sum_squares(const torch::Tensor& g) {
-  const float* p = g.data_ptr<float>();
-  const int64_t n = g.numel();
-  const int64_t n_chunks = (n + kHostGrain - 1) / kHostGrain;
-  std::vector<double> partial(static_cast<size_t>(n_chunks), 0.0);
-  at::parallel_for(0, n_chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t end = std::min(n, (c + 1) * kHostGrain);
-      double chunk = 0.0;
-      for (int64_t b = c * kHostGrain; b < end; b += 4096) {
-        const int64_t e = std::min(end, b + 4096);
-        float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-        int64_t i = b;
-        for (; i + 8 <= e; i += 8) {
-          for (int k = 0; k < 8; ++k) acc[k] += p[i + k] * p[i + k];
-        }
-        double block = 0.0;
-        for (int k = 0; k < 8; ++k) block += acc[k];
-        for (; i < e; ++i) block += static_cast<double>(p[i]) * p[i];
-        chunk += block;
-      }
-      partial[static_cast<size_t>(c)] = chunk;
-    }
-  });
-  double total = 0.0;
-  for (double v : partial) total += v;
-  return total;
-}
-
-}  // namespace
-
-double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+double grad_norm(const std::vector<torch::Tensor>& params) {
   // Host gradients are summed in place (one pass, no kernel launches: at ~80 small tensors the
   // per-call cost of norm, stack and mul_ was ~1 ms of a 20 ms step); others (CUDA, bf16) take
   // ATen's norms with a single device sync.
   double sq = 0.0;
-  bool any = false;
   std::vector<torch::Tensor> device_norms;
   for (const auto& p : params) {
     const auto& g = p.grad();
     if (!g.defined()) continue;
-    any = true;
     if (host_float(g)) {
-      sq += host_sum_squares(g);
+      sq += host_sum_squares(g.data_ptr<float>(), g.numel());
     } else {
       device_norms.push_back(g.detach().to(torch::kFloat32).norm());
     }
   }
-  if (!any) return 0.0;
   if (!device_norms.empty()) sq += torch::stack(device_norms).pow(2).sum().item<double>();
-  const double total = std::sqrt(sq);
-  if (max_norm > 0 && std::isfinite(total) && total > max_norm) {
-    const double scale = max_norm / (total + 1e-6);
-    const float scale_f = static_cast<float>(scale);  // as mul_(double) on a float32 tensor
-    torch::NoGradGuard ng;
-    for (const auto& p : params) {
-      auto g = p.grad();
-      if (!g.defined()) continue;
-      if (!host_float(g)) {
-        g.mul_(scale);
-        continue;
-      }
-      float* gp = g.data_ptr<float>();
-      at::parallel_for(0, g.numel(), kHostGrain, [&](int64_t i0, int64_t i1) {
-        for (int64_t i = i0; i < i1; ++i) gp[i] *= scale_f;
-      });
+  return std::sqrt(sq);
+}
+
+double clip_coefficient(double norm, double max_norm) {
+  if (max_norm > 0 && std::isfinite(norm) && norm > max_norm) return max_norm / (norm + 1e-6);
+  return 1.0;
+}
+
+void scale_grads(const std::vector<torch::Tensor>& params, double scale) {
+  const float scale_f = static_cast<float>(scale);  // as mul_(double) on a float32 tensor
+  torch::NoGradGuard ng;
+  for (const auto& p : params) {
+    auto g = p.grad();
+    if (!g.defined()) continue;
+    if (!host_float(g)) {
+      g.mul_(scale);
+      continue;
     }
+    float* gp = g.data_ptr<float>();
+    at::parallel_for(0, g.numel(), int64_t{1} << 16, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) gp[i] *= scale_f;
+    });
   }
+}
+
+double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm) {
+  const double total = grad_norm(params);
+  const double coef = clip_coefficient(total, max_norm);
+  if (coef != 1.0) scale_grads(params, coef);
   return total;
 }
 
@@ -292,13 +283,15 @@ StepStats Optimizer::step(int64_t step, double loss) {
   MMPOST_CHECK(std::isfinite(loss), "step ", step + 1, ": loss is ", loss,
                "; stopping before the update so the last checkpoint stays valid",
                "\n  hint: lower optim.lr, keep train.clip_grad_norm > 0, or use dtype float32");
-  s.grad_norm = clip_grad_norm(trainable_, clip_);
+  // Clipping is folded into the update (adamw_step's grad_scale): no separate pass over the
+  // gradients.
+  s.grad_norm = grad_norm(trainable_);
   MMPOST_CHECK(std::isfinite(s.grad_norm), "step ", step + 1, ": gradient norm is ", s.grad_norm,
                "; stopping before the update so the last checkpoint stays valid",
                "\n  hint: lower optim.lr or use dtype float32");
   s.lr = lr_at(step);
   set_lr(*adamw_, s.lr);
-  adamw_step(*adamw_, optim_.fused);
+  adamw_step(*adamw_, optim_.fused, clip_coefficient(s.grad_norm, clip_));
   if (!owner_.empty()) {  // ZeRO-1: each rank's updated share to everyone
     torch::NoGradGuard no_grad;
     for (int r = 0; r < pg_->world_size(); ++r) {

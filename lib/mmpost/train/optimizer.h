@@ -32,14 +32,17 @@ std::unique_ptr<torch::optim::AdamW> make_adamw(
     const std::vector<std::pair<std::string, torch::Tensor>>& named, const AdamWOptions& opts);
 
 /// One AdamW update of every parameter of `opt` that has a gradient, with the options of its
-/// group. fused = true: ATen's `_fused_adamw_` (the kernel behind torch.optim.AdamW(fused=True)),
-/// one call per (group, device, dtype), updating params, exp_avg and exp_avg_sq in place without
-/// temporaries; fused = false: torch::optim::AdamW::step (per-tensor ops). Both keep their state
-/// in `opt.state()` (AdamWParamState: int step, exp_avg, exp_avg_sq), so checkpoints are the same
-/// file either way and a run may switch between them on resume. Updates agree to float rounding
-/// (the fused kernel evaluates the same formula, Loshchilov & Hutter 2019 Alg. 2, in another
-/// order). amsgrad is not supported (mmpost never sets it).
-void adamw_step(torch::optim::AdamW& opt, bool fused);
+/// group, each gradient multiplied by `grad_scale` first (the clipping coefficient; 1 = none).
+/// fused = true: float32 CPU tensors through host_adamw (one pass over param, grad, exp_avg and
+/// exp_avg_sq per element, the scale applied as the gradient is read, so `.grad` is left
+/// unscaled), other tensors (CUDA, bf16) through ATen's `_fused_adamw_` (the kernel behind
+/// torch.optim.AdamW(fused=True)) after an in-place grad.mul_(grad_scale), one call per (group,
+/// device, dtype); fused = false: grads scaled in place, then torch::optim::AdamW::step (per-tensor
+/// ops). All keep their state in `opt.state()` (AdamWParamState: int step, exp_avg, exp_avg_sq),
+/// so checkpoints are the same file either way and a run may switch between them on resume.
+/// Updates agree to float rounding (the same formula, Loshchilov & Hutter 2019 Alg. 2, evaluated
+/// in another order). amsgrad is not supported (mmpost never sets it).
+void adamw_step(torch::optim::AdamW& opt, bool fused, double grad_scale = 1.0);
 
 /// Sets the learning rate of every parameter group.
 void set_lr(torch::optim::Optimizer& opt, double lr);
@@ -52,10 +55,21 @@ void set_lr(torch::optim::Optimizer& opt, double lr);
 double lr_multiplier(const std::string& schedule, int64_t step, int64_t warmup, int64_t total,
                      double min_lr_ratio);
 
-/// Global L2 norm of the gradients of `params` (0 when no grads); if max_norm > 0, scales the
-/// gradients by max_norm / (norm + 1e-6) when the norm exceeds max_norm
-/// (torch.nn.utils.clip_grad_norm_ semantics). float32 CPU gradients are summed in double on
-/// the host; others through ATen's float32 norms (one device sync).
+/// Global L2 norm of the gradients of `params` (0 when none has a gradient): float32 CPU
+/// gradients summed in double on the host (host_sum_squares), others through ATen's float32 norms
+/// (one device sync).
+double grad_norm(const std::vector<torch::Tensor>& params);
+
+/// The factor torch.nn.utils.clip_grad_norm_ scales gradients by: max_norm / (norm + 1e-6) when
+/// max_norm > 0 and a finite norm exceeds it, else 1.
+double clip_coefficient(double norm, double max_norm);
+
+/// Multiplies every defined gradient of `params` by `scale` in place (float32 CPU gradients by
+/// float(scale), as mul_ does).
+void scale_grads(const std::vector<torch::Tensor>& params, double scale);
+
+/// grad_norm, then scale_grads by clip_coefficient(norm, max_norm) when that is not 1
+/// (torch.nn.utils.clip_grad_norm_ semantics). Returns the norm before clipping.
 double clip_grad_norm(const std::vector<torch::Tensor>& params, double max_norm);
 
 /// L2 norm of the gradients of the parameters whose name starts with `prefix`.
@@ -101,8 +115,9 @@ class Optimizer {
   /// Takes optimizer step `step` (0-based): sums gradients over ranks (multi-process), refuses a
   /// non-finite `loss` (pass 0 when the stage has none; in a multi-process run pass the global
   /// loss so every rank decides alike) or gradient norm with Error(kRuntime) naming step + 1
-  /// before anything changes, so the last checkpoint stays valid; clips; sets the scheduled lr;
-  /// steps AdamW (its shard under ZeRO-1, then every rank's share is broadcast from its owner).
+  /// before anything changes, so the last checkpoint stays valid; sets the scheduled lr; steps
+  /// AdamW with the clipping coefficient folded into the update (adamw_step's grad_scale: the
+  /// gradients are not scaled in place on the host) (its shard under ZeRO-1, then every rank's share is broadcast from its owner).
   StepStats step(int64_t step, double loss);
 
   /// The AdamW a checkpoint's optimizer.pt holds (torch::save of an AdamW over all trainable
