@@ -31,7 +31,7 @@ struct HostAdamWTensor {
 /// left unscaled. Results do not depend on the thread count or the CPU's vector width.
 void host_adamw(const std::vector<HostAdamWTensor>& tensors, double grad_scale);
 
-/// sum_i x_i^2 over `n` floats: 8 float32 lanes per block of 4096 elements, blocks and chunks of
+/// sum_i x_i^2 over `n` floats: 32 float32 lanes per block of 4096 elements, blocks and chunks of
 /// 64k elements summed in double, chunks spread over the intra-op threads. The result does not
 /// depend on the thread count or the CPU's vector width.
 double host_sum_squares(const float* x, int64_t n);
