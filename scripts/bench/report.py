@@ -74,6 +74,22 @@ def kept_sections(path):
     return out
 
 
+NOTES_BEGIN, NOTES_END = "<!-- notes: {} -->", "<!-- /notes -->"
+
+
+def kept_notes(path, name):
+    """The hand-written block `<!-- notes: name -->` ... `<!-- /notes -->` of an earlier
+    BENCHMARKS.md (run history, A/B results), as lines, markers included; a default pair of
+    empty markers when there is none, so the next run keeps what is written between them."""
+    begin = NOTES_BEGIN.format(name)
+    if path and os.path.exists(path):
+        lines = open(path, encoding="utf-8").read().split("\n")
+        if begin in lines and NOTES_END in lines[lines.index(begin):]:
+            i = lines.index(begin)
+            return lines[i:lines.index(NOTES_END, i) + 1]
+    return [begin, NOTES_END]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out-dir", required=True)
@@ -162,7 +178,7 @@ def main():
     w("`mmpost sft` vs `scripts/bench/ref_sft.py`: a plain PyTorch loop over transformers' "
       "`LlavaForConditionalGeneration(LlavaConfig(**same config))` (`model.train()`, default "
       "attention = SDPA, HF's loss from `labels`, `loss.backward()`, "
-      "`clip_grad_norm_(1.0)`, `torch.optim.AdamW` with mmpost's hyper-parameters and decay groups "
+      "`clip_grad_norm_(1.0)`, `torch.optim.AdamW(fused=True)` (HF Trainer / TRL default `adamw_torch_fused`) with mmpost's hyper-parameters and decay groups "
       f"(no decay on 1-D tensors), fp32, `torch.set_num_threads({a.threads})`). Same samples in "
       "the same order (digits train split, shuffle off), same template and padding. The reference "
       "builds its batches before the loop; mmpost preprocesses on 1 loader thread during the loop "
@@ -208,6 +224,8 @@ def main():
       "2x128, vocab 512), batch 32, 20 steps, windows of 5. **100m** = scripts/bench/sft-100m.json "
       "(CLIP 4 layers x 512 at 64 px / patch 8 = 64 patches, Llama 12 layers x 768, MLP 2048, "
       "12 heads, vocab 512), batch 2, 8 steps, windows of 2.\n")
+    L.extend(kept_notes(a.keep_from, "sft"))
+    w("")
 
     # ---- 3. GEMM and MFU
     w("## 3. GEMM peak and model FLOPs utilization\n")
