@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "catch.h"
+#include "mmpost/core/device.h"
 #include "mmpost/train/host_adamw.h"
 #include "mmpost/train/optimizer.h"
 
@@ -223,4 +224,40 @@ TEST_CASE("host AdamW and the gradient sum of squares do not depend on the threa
   CHECK(sq1 == sq2);
   // The sum of squares agrees with a float64 sum (float32 lanes within each 4096-element block).
   CHECK(std::abs(sq1 - p1.to(torch::kFloat64).pow(2).sum().item<double>()) < 1e-6 * sq1);
+}
+
+TEST_CASE("mixed precision: the forward after an optimizer step casts the updated weights, "
+          "not autocast's cached copies of the old ones",
+          "[unit][optim]") {
+  // mixed_precision bf16 holds one autocast region for the whole run; autocast caches the bf16
+  // copy of each float32 leaf weight for the region's lifetime. Before Optimizer::step dropped
+  // that cache, every forward after step 1 used the step-1 weights (the run trained, the saved
+  // float32 model was garbage).
+  torch::manual_seed(0);
+  auto named = params_from({torch::randn({3, 4}), torch::randn({3})});
+  const auto& w = named[0].second;
+  const auto& b = named[1].second;
+  config::OptimSection o;
+  o.lr = 0.1;  // moves every weight by ~0.1, far beyond bf16 rounding at |w| ~ 1
+  train::Optimizer opt(named, o, config::SchedulerSection{}, /*clip_grad_norm=*/0.0, 10);
+  const auto x = torch::randn({5, 4});
+  mmpost::AutocastGuard autocast(torch::Device(torch::kCPU), torch::kBFloat16);
+  for (int64_t step = 0; step < 3; ++step) {
+    opt.zero_grad();
+    auto y = torch::linear(x, w, b);
+    REQUIRE(y.scalar_type() == torch::kBFloat16);
+    // What the forward must be: a fresh bf16 cast of the current float32 weights.
+    torch::Tensor expect;
+    {
+      torch::NoGradGuard no_grad;
+      expect = torch::linear(x.to(torch::kBFloat16), w.detach().to(torch::kBFloat16),
+                             b.detach().to(torch::kBFloat16));
+    }
+    CHECK(torch::equal(y.detach(), expect));
+    auto loss = y.to(torch::kFloat32).pow(2).sum();
+    loss.backward();
+    const auto w_before = w.detach().clone();
+    opt.step(step, loss.item<double>());
+    CHECK(max_abs_diff(w.detach(), w_before) > 0.05);  // the update is visible in float32
+  }
 }

@@ -2,6 +2,7 @@
 #include "mmpost/train/optimizer.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -302,6 +303,12 @@ StepStats Optimizer::step(int64_t step, double loss) {
       pg_->broadcast(share, r);
     }
   }
+  // Autocast (mixed_precision bf16) caches the bf16 copy of each float32 leaf weight for as long
+  // as its outermost region lives, and mmpost's region is the whole run (train::Run's
+  // AutocastGuard), not one forward as with Python's `with torch.autocast()`. Without this the
+  // next forward would reuse the copies made before this update: the model would train on its
+  // step-1 weights while the float32 masters drift. No-op when autocast is off (empty cache).
+  at::autocast::clear_cache();
   return s;
 }
 

@@ -117,7 +117,9 @@ class Optimizer {
   /// loss so every rank decides alike) or gradient norm with Error(kRuntime) naming step + 1
   /// before anything changes, so the last checkpoint stays valid; sets the scheduled lr; steps
   /// AdamW with the clipping coefficient folded into the update (adamw_step's grad_scale: the
-  /// gradients are not scaled in place on the host) (its shard under ZeRO-1, then every rank's share is broadcast from its owner).
+  /// gradients are not scaled in place on the host) (its shard under ZeRO-1, then every rank's
+  /// share is broadcast from its owner); then drops autocast's cached bf16 weight copies, so the
+  /// next forward under mixed precision casts the updated weights.
   StepStats step(int64_t step, double loss);
 
   /// The AdamW a checkpoint's optimizer.pt holds (torch::save of an AdamW over all trainable
