@@ -127,6 +127,10 @@ def main():
     w(f"| torch | {torch.__version__} (BLAS {gemm['blas']}, oneDNN {gemm['mkldnn']}); mmpost links the same libtorch |")
     w(f"| transformers / Pillow | {transformers.__version__} / {PIL.__version__} |")
     w(f"| mmpost | git {rev}{' + uncommitted edits in the tree' if dirty else ''}; build/mmpost built {mtime} |")
+    gemm_lines = [l for l in open(os.path.join(o, "sft-100m-1.mmpost.log"))
+                  if "CPU matmuls in" in l] if os.path.exists(os.path.join(o, "sft-100m-1.mmpost.log")) else []
+    if gemm_lines:
+        w(f"| mmpost CPU GEMM | {gemm_lines[0].split('matmuls in ', 1)[1].strip()}; the reference: torch's nn.Linear (BLAS) |")
     w(f"| preprocessing binary | {pre_desc} |\n")
     start_load = float(loads[0]["load"].split()[0])
     w("The machine is shared with other users; compare ratios, not absolute values, across runs.\n")
@@ -229,13 +233,18 @@ def main():
 
     # ---- 3. GEMM and MFU
     w("## 3. GEMM peak and model FLOPs utilization\n")
-    w("Peak: `torch.mm` of n x n fp32 matrices in this torch build, 2n^3 FLOP per call, median of 7 "
-      "calls (scripts/bench/gemm_peak.py).\n")
-    w("| threads | " + " | ".join(f"n={k.split(':')[1]}" for k in gemm["gflops"] if k.startswith("1:")) + " | peak |")
-    w("|---|" + "---|" * (1 + sum(1 for k in gemm["gflops"] if k.startswith("1:"))))
-    for th, pk in gemm["peak_gflops"].items():
-        vals = [v for k, v in gemm["gflops"].items() if k.startswith(f"{th}:")]
-        w(f"| {th} | " + " | ".join(f"{v:.1f}" for v in vals) + f" | **{pk:.1f} GFLOP/s** |")
+    w("Peak: n x n fp32 products in this torch build on both of its CPU GEMM libraries, BLAS "
+      "(`torch.mm`, MKL) and oneDNN (`torch.ops.mkldnn._linear_pointwise`, the kernel mmpost's "
+      "`cpu_gemm=onednn` runs), timed alternately, 2n^3 FLOP per call, median of 7 calls "
+      "(scripts/bench/gemm_peak.py). The peak is the best of both.\n")
+    by_path = gemm.get("gflops_by_path", {"blas": gemm["gflops"]})
+    sizes = [k.split(":")[1] for k in by_path["blas"] if k.startswith("1:")]
+    w("| path | threads | " + " | ".join(f"n={n}" for n in sizes) + " | best |")
+    w("|---|---|" + "---|" * (1 + len(sizes)))
+    for path, r in by_path.items():
+        for th in gemm["peak_gflops"]:
+            vals = [r[f"{th}:{n}"] for n in sizes]
+            w(f"| {path} | {th} | " + " | ".join(f"{v:.1f}" for v in vals) + f" | **{max(vals):.1f} GFLOP/s** |")
     w("")
     w("MFU = achieved training FLOP/s / the peak above at the training's thread count "
       f"({a.threads}), with training FLOP/s = 6 x (N_lm x tokens/s + N_proj x P x images/s + "

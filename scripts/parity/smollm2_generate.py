@@ -9,7 +9,10 @@ For N text prompts (ChatML through the checkpoint's chat template) this runs:
     `mmpost inspect forward` on prompt + transformers' completion (teacher forcing).
 It checks: the rendered prompt text is transformers', the completions are token-identical, and
 the logits at every position of each sequence are within --atol of transformers' (over the
-language model's 49,152 ids; the composed model's extra <image> row is not compared).
+language model's 49,152 ids; the composed model's extra <image> row is not compared). mmpost
+runs once per CPU GEMM library (--gemm, MMPOST_CPU_GEMM): on BLAS, the library transformers'
+nn.Linear uses, the logits must be within --atol; on oneDNN (another summation order through
+30 layers) within --atol-onednn; the tokens must be identical on both.
 Prints one JSON summary on stdout; exits 1 on a mismatch, 0 when everything matches.
 
     .venv/bin/python scripts/parity/smollm2_generate.py --model DIR --mmpost build/mmpost
@@ -61,6 +64,9 @@ def main():
     ap.add_argument("--n", type=int, default=len(PROMPTS), help="prompts (default all 24)")
     ap.add_argument("--max-new-tokens", type=int, default=32)
     ap.add_argument("--atol", type=float, default=1e-4)
+    ap.add_argument("--atol-onednn", type=float, default=5e-4)
+    ap.add_argument("--gemm", nargs="+", default=["blas", "onednn"], choices=["blas", "onednn"],
+                    help="mmpost's CPU GEMM libraries to check (MMPOST_CPU_GEMM)")
     ap.add_argument("--work", default=None, help="work folder (default: a temporary one)")
     args = ap.parse_args()
     torch.manual_seed(0)
@@ -97,70 +103,87 @@ def main():
         for i, p in enumerate(prompts):
             f.write(json.dumps({"id": str(i), "messages": [{"role": "user", "content": p}]},
                                ensure_ascii=False) + "\n")
-    t0 = time.time()
-    gen = subprocess.run([args.mmpost, "generate", "--model", composed, "--data", data, "--temperature", "0",
-                          "--max-new-tokens", str(args.max_new_tokens), "--batch-size", "1"],
-                         check=True, capture_output=True, text=True)
-    mm_gen_s = time.time() - t0
-    mm = {}
-    for line in gen.stdout.splitlines():
-        j = json.loads(line)
-        mm[int(j["id"])] = j
-
     # Teacher forcing on prompt + transformers' completion: each sequence alone, as transformers
     # runs it, and (for information) all of them right-padded in one batch, where other GEMM
     # blockings give float32 differences of the size of transformers' own eager vs sdpa.
     seqs = [h["prompt_ids"] + h["new"] for h in hf]
     V = lm.config.vocab_size
-
-    def mmpost_logits(ids, mask, name):
-        save_file({"input_ids": ids, "attention_mask": mask}, os.path.join(work, name + ".in.safetensors"))
-        subprocess.run([args.mmpost, "inspect", "forward", composed, "--inputs",
-                        os.path.join(work, name + ".in.safetensors"), "--out",
-                        os.path.join(work, name + ".out.safetensors")], check=True, stdout=subprocess.DEVNULL)
-        return load_file(os.path.join(work, name + ".out.safetensors"))["logits"]
-
+    refs, floor = [], 0.0
+    for s in seqs:
+        one = torch.tensor([s])
+        with torch.no_grad():
+            ref = lm(one).logits[0]
+            floor = max(floor, (lm_eager(one).logits[0] - ref).abs().max().item())
+        refs.append(ref)
     T = max(len(s) for s in seqs)
     ids = torch.full((len(seqs), T), tok.pad_token_id, dtype=torch.int64)
     mask = torch.zeros((len(seqs), T), dtype=torch.int64)
     for i, s in enumerate(seqs):
         ids[i, : len(s)] = torch.tensor(s)
         mask[i, : len(s)] = 1
-    batched = mmpost_logits(ids, mask, "batched")
 
-    rows, worst, worst_batched, floor = [], 0.0, 0.0, 0.0
-    for i, h in enumerate(hf):
-        m = mm.get(i)
-        one = torch.tensor([seqs[i]])
-        with torch.no_grad():
-            ref = lm(one).logits[0]
-            floor = max(floor, (lm_eager(one).logits[0] - ref).abs().max().item())
-        diff = (mmpost_logits(one, torch.ones_like(one), "one")[0, :, :V] - ref).abs().max().item()
-        worst = max(worst, diff)
-        worst_batched = max(worst_batched, (batched[i, : len(seqs[i]), :V] - ref).abs().max().item())
-        rows.append({
-            "prompt": prompts[i],
-            "prompt_text_equal": m is not None and m["prompt"] == h["text"],
-            "tokens_equal": m is not None and m["tokens"] == h["new"],
-            "n_new": len(h["new"]),
-            "max_abs_logit_diff": diff,
-            "transformers": tok.decode(h["new"]),
-            "mmpost": m["completion"] if m else None,
-        })
-    ok = all(r["prompt_text_equal"] and r["tokens_equal"] for r in rows) and worst <= args.atol
+    def check(gemm):
+        env = dict(os.environ, MMPOST_CPU_GEMM=gemm)
+        t0 = time.time()
+        gen = subprocess.run([args.mmpost, "generate", "--model", composed, "--data", data, "--temperature", "0",
+                              "--max-new-tokens", str(args.max_new_tokens), "--batch-size", "1"],
+                             check=True, capture_output=True, text=True, env=env)
+        gen_s = time.time() - t0
+        mm = {}
+        for line in gen.stdout.splitlines():
+            j = json.loads(line)
+            mm[int(j["id"])] = j
+
+        def mmpost_logits(ids, mask, name):
+            save_file({"input_ids": ids, "attention_mask": mask}, os.path.join(work, name + ".in.safetensors"))
+            subprocess.run([args.mmpost, "inspect", "forward", composed, "--inputs",
+                            os.path.join(work, name + ".in.safetensors"), "--out",
+                            os.path.join(work, name + ".out.safetensors")], check=True,
+                           stdout=subprocess.DEVNULL, env=env)
+            return load_file(os.path.join(work, name + ".out.safetensors"))["logits"]
+
+        batched = mmpost_logits(ids, mask, "batched")
+        rows, worst, worst_batched = [], 0.0, 0.0
+        for i, h in enumerate(hf):
+            m = mm.get(i)
+            one = torch.tensor([seqs[i]])
+            diff = (mmpost_logits(one, torch.ones_like(one), "one")[0, :, :V] - refs[i]).abs().max().item()
+            worst = max(worst, diff)
+            worst_batched = max(worst_batched, (batched[i, : len(seqs[i]), :V] - refs[i]).abs().max().item())
+            rows.append({
+                "prompt": prompts[i],
+                "prompt_text_equal": m is not None and m["prompt"] == h["text"],
+                "tokens_equal": m is not None and m["tokens"] == h["new"],
+                "n_new": len(h["new"]),
+                "max_abs_logit_diff": diff,
+                "transformers": tok.decode(h["new"]),
+                "mmpost": m["completion"] if m else None,
+            })
+        atol = args.atol if gemm == "blas" else args.atol_onednn
+        ok = all(r["prompt_text_equal"] and r["tokens_equal"] for r in rows) and worst <= atol
+        return {
+            "prompts": len(rows),
+            "token_identical": sum(r["tokens_equal"] for r in rows),
+            "prompt_text_identical": sum(r["prompt_text_equal"] for r in rows),
+            "new_tokens": sum(r["n_new"] for r in rows),
+            "max_abs_logit_diff": worst,
+            "atol": atol,
+            "batched_padded_max_abs_logit_diff": worst_batched,
+            "mmpost_generate_incl_load_s": round(gen_s, 1),
+            "ok": ok,
+            "rows": rows,
+        }
+
+    by_gemm = {g: check(g) for g in args.gemm}
+    ok = all(r["ok"] for r in by_gemm.values())
     summary = {
-        "prompts": len(rows),
-        "token_identical": sum(r["tokens_equal"] for r in rows),
-        "prompt_text_identical": sum(r["prompt_text_equal"] for r in rows),
-        "new_tokens": sum(r["n_new"] for r in rows),
-        "max_abs_logit_diff": worst,
-        "atol": args.atol,
-        "batched_padded_max_abs_logit_diff": worst_batched,
-        "transformers_eager_vs_sdpa_max_abs_logit_diff": floor,
-        "seconds": {"transformers_generate": round(hf_gen_s, 1), "mmpost_generate_incl_load": round(mm_gen_s, 1)},
         "ok": ok,
-        "rows": rows,
+        "transformers_eager_vs_sdpa_max_abs_logit_diff": floor,
+        "by_cpu_gemm": {g: {k: v for k, v in r.items() if k != "rows"} for g, r in by_gemm.items()},
+        "transformers_generate_s": round(hf_gen_s, 1),
+        "rows": {g: r["rows"] for g, r in by_gemm.items()},
     }
+    rows = [r for g in by_gemm.values() for r in g["rows"]]
     print(json.dumps(summary, ensure_ascii=False, indent=1))
     for r in rows:
         if not (r["prompt_text_equal"] and r["tokens_equal"]):

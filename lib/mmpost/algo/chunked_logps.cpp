@@ -3,6 +3,7 @@
 #include "mmpost/algo/chunked_logps.h"
 
 #include "mmpost/algo/ignore_index.h"
+#include "mmpost/core/cpu_gemm.h"
 
 namespace mmpost::algo {
 namespace {
@@ -20,7 +21,7 @@ struct LinearTokenLogps : torch::autograd::Function<LinearTokenLogps> {
     auto lse = torch::empty({n}, fopts);
     for (int64_t s = 0; s < n; s += chunk) {
       const int64_t len = std::min(chunk, n - s);
-      auto z = torch::nn::functional::linear(hidden.narrow(0, s, len), weight).to(torch::kFloat32);
+      auto z = mmpost::gemm_linear(hidden.narrow(0, s, len), weight).to(torch::kFloat32);
       auto l = z.logsumexp(/*dim=*/-1);
       auto picked = z.gather(/*dim=*/-1, targets.narrow(0, s, len).unsqueeze(-1)).squeeze(-1);
       out.narrow(0, s, len).copy_(picked - l);
@@ -44,14 +45,14 @@ struct LinearTokenLogps : torch::autograd::Function<LinearTokenLogps> {
     for (int64_t s = 0; s < n; s += chunk) {
       const int64_t len = std::min(chunk, n - s);
       auto h = hidden.narrow(0, s, len);
-      auto z = torch::nn::functional::linear(h, weight);  // the forward's matmul dtype
+      auto z = mmpost::gemm_linear(h, weight);  // the forward's matmul dtype
       const auto compute = z.scalar_type();
       auto gs = g.narrow(0, s, len).unsqueeze(-1);                                   // [len, 1]
       auto dz = (z.to(torch::kFloat32) - lse.narrow(0, s, len).unsqueeze(-1)).exp_();  // softmax
       dz.mul_(-gs).scatter_add_(/*dim=*/-1, targets.narrow(0, s, len).unsqueeze(-1), gs);
       auto dzc = dz.to(compute);
-      if (want_h) grad_h.narrow(0, s, len).copy_(dzc.mm(weight.to(compute)));
-      if (want_w) grad_w.add_(dzc.t().mm(h.to(compute)).to(torch::kFloat32));
+      if (want_h) grad_h.narrow(0, s, len).copy_(mmpost::gemm_mm(dzc, weight.to(compute)));
+      if (want_w) grad_w.add_(mmpost::gemm_mm(dzc.t(), h.to(compute)).to(torch::kFloat32));
     }
     return {grad_h, want_w ? grad_w.to(weight.scalar_type()) : torch::Tensor(), torch::Tensor(),
             torch::Tensor()};
@@ -130,7 +131,7 @@ double mean_entropy_from_hidden(const torch::Tensor& hidden, const torch::Tensor
   auto h = hidden.reshape({-1, hidden.size(2)}).index_select(0, idx);
   double total = 0;
   for (int64_t i = 0; i < n; i += chunk_rows) {
-    auto z = torch::nn::functional::linear(h.narrow(0, i, std::min(chunk_rows, n - i)), weight)
+    auto z = mmpost::gemm_linear(h.narrow(0, i, std::min(chunk_rows, n - i)), weight)
                  .to(torch::kFloat32);  // [c, V]
     auto lp = torch::log_softmax(z, -1);
     total += (-(lp.exp() * lp).sum()).item<double>();

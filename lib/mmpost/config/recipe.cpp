@@ -32,6 +32,7 @@ const std::vector<Choice>& recipe_choices() {
       {"scheduler.name", {"cosine", "linear", "constant"}},
       {"dtype", {"auto", "float32", "bfloat16"}},
       {"mixed_precision", {"no", "bf16"}},
+      {"cpu_gemm", {"auto", "blas", "onednn"}},
       {"lora.modules_to_save", {"vision_tower", "multi_modal_projector", "language_model"}},
       {"dist.backend", {"auto", "gloo", "nccl"}},
       {"dpo.ref_dtype", {"float32", "bfloat16"}},
@@ -94,6 +95,7 @@ void CommonConfig::validate_common() const {
   MMPOST_CHECK_USAGE(num_threads >= 0, "num_threads: must be >= 0");
   check_one_of("dtype", dtype);
   check_one_of("mixed_precision", mixed_precision);
+  check_one_of("cpu_gemm", cpu_gemm);
   MMPOST_CHECK_USAGE(lora.r >= 0, "lora.r: must be >= 0 (0: off)");
   MMPOST_CHECK_USAGE(lora.alpha > 0, "lora.alpha: must be > 0");
   MMPOST_CHECK_USAGE(lora.dropout >= 0 && lora.dropout < 1, "lora.dropout: must be in [0, 1)");

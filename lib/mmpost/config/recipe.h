@@ -231,6 +231,7 @@ struct CommonConfig {
   std::string dtype = "float32"; // float32 | bfloat16
   std::string mixed_precision = "no";  // no | bf16 (autocast over float32 master weights)
   int64_t num_threads = 0;       // torch intra-op threads (0: torch default)
+  std::string cpu_gemm = "auto"; // auto | blas | onednn (float32 CPU linear layers)
   ModelSection model;
   DataSection data;
   OptimSection optim;
@@ -250,6 +251,11 @@ struct CommonConfig {
       "dtype float32 (auto resolves to it). dtype bfloat16 is pure bf16 instead: weights, "
       "gradients and AdamW state all in bf16");
     v("num_threads", num_threads, "CPU threads for torch (0: default)");
+    v("cpu_gemm", cpu_gemm,
+      "auto | blas | onednn: the library for float32 CPU linear layers, both exact float32. blas "
+      "is at::linear (MKL in LibTorch's wheel); onednn runs forward and backward GEMMs in "
+      "LibTorch's oneDNN, whose AVX-512 kernels MKL does not take on AMD CPUs. auto: onednn on "
+      "x86-64 CPUs not made by Intel, blas otherwise");
     v("model", model, "model source (a folder, or an inline config for random init)");
     v("data", data, "data and preprocessing");
     v("optim", optim, "AdamW");

@@ -3,6 +3,7 @@
 #include "mmpost/model/language_model.h"
 
 #include "mmpost/model/activation_checkpoint.h"
+#include "mmpost/core/cpu_gemm.h"
 
 namespace mmpost::model {
 
@@ -102,7 +103,7 @@ torch::Tensor LanguageModelImpl::output_weight() const {
 }
 
 torch::Tensor LanguageModelImpl::logits(const torch::Tensor& hidden) {
-  return torch::nn::functional::linear(hidden, output_weight());
+  return mmpost::gemm_linear(hidden, output_weight());
 }
 
 }  // namespace mmpost::model

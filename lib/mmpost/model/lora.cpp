@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "mmpost/core/check.h"
+#include "mmpost/core/cpu_gemm.h"
 #include "mmpost/model/vlm.h"
 
 namespace mmpost::model {
@@ -22,14 +23,14 @@ const std::string kPrefix = "base_model.model.";
 }  // namespace
 
 torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
-  auto y = at::linear(x, weight, bias.defined() ? std::optional<torch::Tensor>(bias) : std::nullopt);
+  auto y = mmpost::gemm_linear(x, weight, bias.defined() ? std::optional<torch::Tensor>(bias) : std::nullopt);
   if (!lora_A.defined() || !adapter_enabled) return y;
   // The adapter runs in its own dtype (float32 over a bfloat16 base) and its output is cast to
   // the base output's, as PEFT does; under autocast the two small matmuls run in the autocast
   // dtype.
   auto h = x.to(lora_A.scalar_type());
   if (dropout > 0) h = torch::dropout(h, dropout, is_training());
-  auto delta = torch::nn::functional::linear(torch::nn::functional::linear(h, lora_A), lora_B);
+  auto delta = mmpost::gemm_linear(mmpost::gemm_linear(h, lora_A), lora_B);
   return y + (delta * scaling).to(y.scalar_type());
 }
 

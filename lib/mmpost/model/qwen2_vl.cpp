@@ -4,6 +4,7 @@
 
 #include "mmpost/core/check.h"
 #include "mmpost/model/activation_checkpoint.h"
+#include "mmpost/core/cpu_gemm.h"
 #include "mmpost/model/hf.h"
 
 #include <algorithm>
@@ -263,7 +264,7 @@ torch::Tensor Qwen2VisionTransformerImpl::forward(const torch::Tensor& pixel_val
                     "pixel_values must be [", L, ", ", c_.patch_dim(),
                     "] for these image_grid_thw rows, got ", pixel_values.sizes());
   const auto& w = patch_embed_proj->weight;  // Conv3d with stride = kernel = one matmul
-  auto x = torch::matmul(pixel_values.to(w.scalar_type()), w.view({w.size(0), -1}).t());  // [L, E]
+  auto x = mmpost::gemm_linear(pixel_values.to(w.scalar_type()), w.view({w.size(0), -1}));  // [L, E]
   auto positions = vision_patch_positions(grids, m);                                   // [L, 2]
   std::vector<int64_t> cu_window;
   torch::Tensor window_index;

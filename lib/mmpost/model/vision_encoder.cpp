@@ -3,6 +3,7 @@
 #include "mmpost/model/vision_encoder.h"
 
 #include "mmpost/model/activation_checkpoint.h"
+#include "mmpost/core/cpu_gemm.h"
 
 #include "mmpost/core/check.h"
 
@@ -34,7 +35,7 @@ torch::Tensor ClipVisionEmbeddingsImpl::forward(const torch::Tensor& pixel_value
   auto x = pixel_values.to(w.scalar_type());
   if (G * p != image_size_) x = x.narrow(2, 0, G * p).narrow(3, 0, G * p);  // conv drops the rest
   auto cols = x.reshape({N, w.size(1), G, p, G, p}).permute({0, 2, 4, 1, 3, 5}).reshape({N, G * G, K});
-  auto patches = torch::matmul(cols, w.reshape({w.size(0), K}).t());     // [N, P, C]
+  auto patches = mmpost::gemm_linear(cols, w.reshape({w.size(0), K}));                // [N, P, C]
   auto cls = class_embedding.view({1, 1, -1}).expand({N, 1, -1});         // [N, 1, C]
   return torch::cat({cls, patches}, /*dim=*/1) + position_embedding->weight.unsqueeze(0);
 }

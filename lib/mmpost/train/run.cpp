@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "mmpost/core/check.h"
+#include "mmpost/core/cpu_gemm.h"
 #include "mmpost/core/device.h"
 #include "mmpost/core/signals.h"
 #include "mmpost/io/checkpoint.h"
@@ -149,6 +150,13 @@ Run::Run(std::string stage, const config::CommonConfig& cfg, bool allow_resume)
   install_stop_handlers();
   if (cfg.num_threads > 0) torch::set_num_threads(static_cast<int>(cfg.num_threads));
   device_ = resolve_device(cfg.device);
+  set_cpu_gemm(parse_cpu_gemm(cfg.cpu_gemm));
+  if (device_.is_cpu()) {
+    const std::string vendor = cpu_vendor();
+    log_info(stage_ + ": float32 CPU matmuls in " +
+             (cpu_gemm() == CpuGemm::kOneDnn ? "oneDNN" : "BLAS (at::linear)") +
+             " (cpu_gemm " + cfg.cpu_gemm + (vendor.empty() ? "" : ", " + vendor + " CPU") + ")");
+  }
   if (world_.world_size > 1 && device_.is_cuda() && !device_.has_index()) {
     device_ = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(world_.local_rank));
   }
