@@ -3,6 +3,10 @@
 // inputs) and the recipe-side parsing. The oneDNN cases say skipped on a LibTorch without the
 // oneDNN linear operator.
 #include <ATen/autocast_mode.h>
+#include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+
+#include <array>
 
 #include "catch.h"
 #include "mmpost/core/cpu_gemm.h"
@@ -189,5 +193,43 @@ TEST_CASE("cpu_gemm: MMPOST_CPU_GEMM decides auto, and a wrong value is named", 
     setenv("MMPOST_CPU_GEMM", "onednn", 1);
     set_cpu_gemm(CpuGemm::kAuto);
     REQUIRE(cpu_gemm() == CpuGemm::kOneDnn);
+  }
+}
+
+TEST_CASE("cpu_gemm: oneDNN linear inside an at::parallel_for region (train.cpu_shards) gives "
+          "the values it gives outside", "[unit][gemm]") {
+  if (!onednn_gemm_available()) MMPOST_SKIP("this LibTorch has no oneDNN linear operator");
+  GemmScope scope(CpuGemm::kOneDnn);
+  torch::manual_seed(11);
+  // Shapes of the digits model (small) and of the 100M one (large, several K blocks), each run
+  // forward + backward on every intra-op thread at once, as the shards do.
+  const std::vector<std::array<int64_t, 3>> shapes = {{2080, 96, 384}, {2048, 128, 512},
+                                                      {160, 768, 2048}, {160, 2048, 768}};
+  for (const auto& [M, K, N] : shapes) {
+    CAPTURE(M, K, N);
+    auto x0 = torch::randn({M, K}), w0 = torch::randn({N, K}), dy = torch::randn({M, N});
+    auto run = [&](torch::Tensor* y, torch::Tensor* gx, torch::Tensor* gw) {
+      auto x = x0.clone().requires_grad_(true), w = w0.clone().requires_grad_(true);
+      auto out = gemm_linear(x, w);
+      out.backward(dy);
+      *y = out.detach();
+      *gx = x.grad();
+      *gw = w.grad();
+    };
+    torch::Tensor y, gx, gw;
+    run(&y, &gx, &gw);
+    const int64_t n = std::max<int64_t>(2, at::get_num_threads());
+    std::vector<torch::Tensor> ys(n), gxs(n), gws(n);
+    const at::ThreadLocalState state;
+    at::parallel_for(0, n, 1, [&](int64_t b, int64_t e) {
+      at::ThreadLocalStateGuard guard(state);
+      for (int64_t i = b; i < e; ++i) run(&ys[i], &gxs[i], &gws[i]);
+    });
+    for (int64_t i = 0; i < n; ++i) {
+      // Inside the region oneDNN runs single-threaded: other blockings, float32 rounding apart.
+      require_close(ys[i], y, 1e-5);
+      require_close(gxs[i], gx, 1e-5);
+      require_close(gws[i], gw, 1e-5);
+    }
   }
 }
