@@ -30,8 +30,15 @@ void require_close(const torch::Tensor& a, const torch::Tensor& b, double rtol) 
   REQUIRE(err <= rtol * scale);
 }
 
+/// Whether y came out of the oneDNN Function, directly (2-D) or through the reshape to [..., N].
 bool took_onednn(const torch::Tensor& y) {
-  return y.grad_fn() != nullptr && y.grad_fn()->name().find("OneDnnLinear") != std::string::npos;
+  auto fn = y.grad_fn();
+  for (int depth = 0; fn != nullptr && depth < 2; ++depth) {
+    if (fn->name().find("OneDnnLinear") != std::string::npos) return true;
+    if (fn->next_edges().empty()) return false;
+    fn = fn->next_edges()[0].function;
+  }
+  return false;
 }
 
 }  // namespace
@@ -232,4 +239,18 @@ TEST_CASE("cpu_gemm: oneDNN linear inside an at::parallel_for region (train.cpu_
       require_close(gws[i], gw, 1e-5);
     }
   }
+}
+
+TEST_CASE("cpu_gemm: the oneDNN linear's 3-D output can be modified in place", "[unit][gemm]") {
+  if (!onednn_gemm_available()) MMPOST_SKIP("this LibTorch has no oneDNN linear operator");
+  GemmScope scope(CpuGemm::kOneDnn);
+  auto x = torch::ones({2, 3, 512}).requires_grad_(true);
+  auto w = torch::full({512, 512}, 0.5f).requires_grad_(true);
+  auto y = gemm_linear(x, w);
+  REQUIRE(took_onednn(y));
+  y.mul_(2);  // e.g. a residual add or an activation written in place by the caller
+  y.sum().backward();
+  REQUIRE(torch::equal(y.detach(), torch::full({2, 3, 512}, 512.f)));  // 2 x 512 x 0.5
+  REQUIRE(torch::equal(x.grad(), torch::full({2, 3, 512}, 512.f)));    // 2 x sum_j 0.5
+  REQUIRE(torch::equal(w.grad(), torch::full({512, 512}, 12.f)));      // 2 x 6 rows
 }

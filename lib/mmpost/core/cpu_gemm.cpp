@@ -50,31 +50,26 @@ torch::Tensor onednn_mm(const torch::Tensor& x, const torch::Tensor& w,
 /// The oneDNN linear with its backward: dX = dY W in oneDNN; dW = dY^T X in at::mm (a product
 /// that reduces over the token rows: oneDNN's inner product takes it 0.6-0.9x as fast as MKL on
 /// AMD EPYC, oneDNN's own gradient-of-weights primitive too, see BENCHMARKS.md section 3);
-/// db = sum over rows of dY.
+/// db = sum over rows of dY. x2d [M, K] contiguous in, [M, N] out: the callers reshape outside
+/// the Function, so its output is no view (autograd refuses in-place edits of a view made inside
+/// a custom Function, and callers edit layer outputs in place).
 struct OneDnnLinear : public torch::autograd::Function<OneDnnLinear> {
-  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x,
+  static torch::Tensor forward(AutogradContext* ctx, const torch::Tensor& x2d,
                                const torch::Tensor& weight,
                                const std::optional<torch::Tensor>& bias) {
-    const int64_t K = x.size(-1);
-    auto x2d = x.reshape({-1, K}).contiguous();
     auto y = onednn_mm(x2d, weight, bias);
     ctx->save_for_backward({x2d, weight});
     ctx->saved_data["has_bias"] = bias.has_value();
-    ctx->saved_data["x_sizes"] = c10::IValue(x.sizes().vec());
-    auto out_sizes = x.sizes().vec();
-    out_sizes.back() = weight.size(0);
-    return y.view(out_sizes);
+    return y;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_out) {
     const auto saved = ctx->get_saved_variables();
     const auto& x2d = saved[0];
     const auto& weight = saved[1];
-    auto dy = grad_out[0].reshape({-1, weight.size(0)}).contiguous();
+    auto dy = grad_out[0].contiguous();
     torch::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0)) {
-      dx = onednn_mm(dy, weight.t()).view(ctx->saved_data["x_sizes"].toIntVector());
-    }
+    if (ctx->needs_input_grad(0)) dx = onednn_mm(dy, weight.t());
     if (ctx->needs_input_grad(1)) dw = at::mm(dy.t(), x2d);
     // An absent bias is not an autograd input (no edge), so needs_input_grad(2) must not be asked.
     if (ctx->saved_data["has_bias"].toBool() && ctx->needs_input_grad(2)) db = dy.sum(0);
@@ -179,13 +174,12 @@ torch::Tensor gemm_linear(const torch::Tensor& x, const torch::Tensor& weight,
   const bool has_bias = bias && bias->defined();
   const bool grad = torch::GradMode::is_enabled() &&
                     (x.requires_grad() || weight.requires_grad() || (has_bias && bias->requires_grad()));
-  if (!grad) {
-    auto out_sizes = x.sizes().vec();
-    out_sizes.back() = weight.size(0);
-    return onednn_mm(x.reshape({-1, x.size(-1)}).contiguous(), weight, has_bias ? bias : std::nullopt)
-        .view(out_sizes);
-  }
-  return OneDnnLinear::apply(x, weight, has_bias ? bias : std::nullopt);
+  auto out_sizes = x.sizes().vec();
+  out_sizes.back() = weight.size(0);
+  auto x2d = x.reshape({-1, x.size(-1)}).contiguous();
+  auto y = grad ? OneDnnLinear::apply(x2d, weight, has_bias ? bias : std::nullopt)
+                : onednn_mm(x2d, weight, has_bias ? bias : std::nullopt);
+  return x.dim() == 2 ? y : y.view(out_sizes);
 }
 
 }  // namespace mmpost
