@@ -150,7 +150,10 @@ TEST_CASE("cpu_gemm: no-grad forward and mm on oneDNN match float64", "[unit][ge
   require_close(gemm_mm(a, m), ref, 1e-5);
   require_close(gemm_mm(a, m.t().contiguous().t()), ref, 1e-5);         // b as a transposed view
   require_close(gemm_mm(a.t().contiguous().t(), m), ref, 1e-5);         // a transposed: at::mm
-  REQUIRE_THROWS_WITH(gemm_mm(a.unsqueeze(0), m), HasSubstr("expected 2-D operands"));
+  REQUIRE_THROWS_WITH(gemm_mm(a.unsqueeze(0), m), HasSubstr("expected [M, K] @ [K, N]"));
+  REQUIRE_THROWS_WITH(gemm_mm(a, m.narrow(0, 0, 500)), HasSubstr("[23, 512] and [500, 520]"));
+  REQUIRE_THROWS_WITH(gemm_linear(x, w.narrow(1, 0, 500)),
+                      HasSubstr("input [6, 9, 512] does not match weight [520, 500]"));
 }
 
 TEST_CASE("cpu_gemm: blas, autocast, other dtypes and empty inputs take at::linear",

@@ -162,15 +162,17 @@ CpuGemm cpu_gemm() {
 }
 
 torch::Tensor gemm_mm(const torch::Tensor& a, const torch::Tensor& b) {
-  TORCH_CHECK(a.dim() == 2 && b.dim() == 2, "gemm_mm: expected 2-D operands, got ", a.sizes(), " and ",
-              b.sizes());
+  TORCH_CHECK(a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0),
+              "gemm_mm: expected [M, K] @ [K, N], got ", a.sizes(), " and ", b.sizes());
   if (!a.is_contiguous() || !takes_onednn(a, b, std::nullopt)) return at::mm(a, b);
   return onednn_mm(a, b.t());
 }
 
 torch::Tensor gemm_linear(const torch::Tensor& x, const torch::Tensor& weight,
-                     const std::optional<torch::Tensor>& bias) {
+                          const std::optional<torch::Tensor>& bias) {
   if (!takes_onednn(x, weight, bias)) return at::linear(x, weight, bias);
+  TORCH_CHECK(x.size(-1) == weight.size(1), "gemm_linear: input ", x.sizes(),
+              " does not match weight ", weight.sizes(), " (last dimension vs in_features)");
   const bool has_bias = bias && bias->defined();
   const bool grad = torch::GradMode::is_enabled() &&
                     (x.requires_grad() || weight.requires_grad() || (has_bias && bias->requires_grad()));

@@ -51,16 +51,19 @@ std::string cpu_vendor();
 
 /// nn.Linear (named apart from at::linear, which argument-dependent lookup would also find):
 /// y = x W^T + b. x [..., in], weight [out, in], bias [out] or none -> [..., out].
-/// On CPU with float32 x, weight and bias, outside autocast, and cpu_gemm() == kOneDnn, the forward and dX = dY W run in oneDNN, dW = dY^T X in at::mm (BLAS
-/// is faster at products that reduce over the token rows), db = sum of dY over rows; otherwise
-/// at::linear (PyTorch's nn.Linear: one addmm with the bias). Gradients flow to every input
-/// that requires them.
+/// On CPU with float32 x, weight and bias, outside autocast, and cpu_gemm() == kOneDnn, the
+/// forward and dX = dY W run in oneDNN, dW = dY^T X in at::mm (BLAS is faster at products that
+/// reduce over the token rows), db = sum of dY over rows; otherwise at::linear (PyTorch's
+/// nn.Linear: one addmm with the bias). Gradients flow to every input that requires them.
+/// Throws c10::Error naming both shapes when x's last dimension is not weight's second (as
+/// at::linear does; oneDNN's own message would not say which shapes).
 torch::Tensor gemm_linear(const torch::Tensor& x, const torch::Tensor& weight,
                           const std::optional<torch::Tensor>& bias = std::nullopt);
 
 /// a [M, K] @ b [K, N] -> [M, N]; no autograd (for backward passes written by hand). oneDNN
 /// under the same conditions as gemm_linear when a is row-major contiguous (b may be a transposed
-/// view), else at::mm (a transposed a reduces over token rows: BLAS is faster there).
+/// view), else at::mm (a transposed a reduces over token rows: BLAS is faster there). Throws
+/// c10::Error naming the shapes when an operand is not 2-D or the inner sizes differ.
 torch::Tensor gemm_mm(const torch::Tensor& a, const torch::Tensor& b);
 
 }  // namespace mmpost
