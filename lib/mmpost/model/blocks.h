@@ -108,8 +108,10 @@ TORCH_MODULE(SwiGluMlp);
 /// query t sees key s iff s <= S + t, attention_mask[b, s] != 0 and, for a query that is a token
 /// (mask != 0), the key carries the same mask value. With a 0/1 mask that is HF's causal +
 /// padding mask; a packed row (data::collate_packed: samples numbered 1, 2, ...) gets a
-/// block-diagonal causal mask, so no sample attends to another. Masked entries hold the dtype's
-/// lowest value (finite, so fully padded rows stay NaN-free, as in HF).
+/// block-diagonal causal mask, so no sample attends to another. Masked entries hold -inf on the
+/// CPU (the CPU flash kernel's fast path; a fully masked query row, a left-padding token, gets a
+/// zero output, NaN-free in the kernel and in ATen's math path) and the dtype's lowest value on
+/// other devices (finite, so fully padded rows stay NaN-free there, as in HF).
 /// attention_mask: [B, S + T] (int or bool; 0 = padding).
 torch::Tensor causal_bias(const torch::Tensor& attention_mask, int64_t n_new,
                           torch::ScalarType dtype);
