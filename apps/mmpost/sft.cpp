@@ -89,6 +89,9 @@ int run_sft(const config::SftConfig& cfg, bool allow_resume) {
     train::load_optimizer_and_rng(*run.checkpoint(), optimizer);
     loader.seek(run.state.loader);
   }
+  // data.preload makes ahead only what the run will still take.
+  loader.set_remaining_windows((total_steps - run.state.step) *
+                              cfg.train.gradient_accumulation_steps);
   const nlohmann::json recipe = config::to_json(cfg);
   auto save = [&] {
     run.state.loader = loader.cursor();

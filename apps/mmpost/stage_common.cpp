@@ -58,6 +58,7 @@ data::LoaderOptions train_loader_options(const config::CommonConfig& cfg,
   if (cfg.data.image.random_shift == 0) {
     lo.cache_bytes = static_cast<int64_t>(cfg.data.cache_gb * 1e9);
   }
+  lo.preload = cfg.data.preload;
   return lo;
 }
 

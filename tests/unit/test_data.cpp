@@ -278,6 +278,11 @@ TEST_CASE("streaming loader: order, shuffling, skips, resume", "[unit][data]") {
   auto ctx = make_ctx(tok, dir);
   ctx.source = path.string();
   auto make = [&ctx](const nlohmann::json& r, int64_t line) { return make_sft_sample(r, line, ctx); };
+  std::atomic<int64_t> calls{0};  // make calls of the counting loaders
+  auto counting = [&](const nlohmann::json& r, int64_t line) {
+    ++calls;
+    return make_sft_sample(r, line, ctx);
+  };
   LoaderOptions lo;
   lo.path = path.string();
   lo.batch_size = 4;
@@ -328,7 +333,7 @@ TEST_CASE("streaming loader: order, shuffling, skips, resume", "[unit][data]") {
     head.insert(head.end(), tail.begin(), tail.end());
     CHECK(head == all);
   }
-  SECTION("sample cache: later epochs reuse the first epoch's samples, same stream") {
+  SECTION("sample cache and preload: later epochs reuse the first's samples, same stream") {
     lo.shuffle_buffer = 8;
     lo.seed = 3;
     lo.repeat = true;
@@ -336,11 +341,6 @@ TEST_CASE("streaming loader: order, shuffling, skips, resume", "[unit][data]") {
     StreamingLoader<SftSample> plain(lo, make);
     auto expect = drain(plain, 15);  // three epochs of 19 good records in windows of 4
     lo.cache_bytes = int64_t{1} << 30;
-    std::atomic<int64_t> calls{0};
-    auto counting = [&](const nlohmann::json& r, int64_t line) {
-      ++calls;
-      return make_sft_sample(r, line, ctx);
-    };
     StreamingLoader<SftSample> cached(lo, counting);
     CHECK(drain(cached, 15) == expect);
     // Epoch 1 makes the 19 good samples (the malformed line never reaches make); later epochs
@@ -356,6 +356,62 @@ TEST_CASE("streaming loader: order, shuffling, skips, resume", "[unit][data]") {
     CHECK(drain(small, 15) == expect);
     CHECK(small.n_cache_hits() > 0);
     CHECK(calls.load() > 19);
+
+    // Preload: an epoch's samples are made before its first batch; the same stream.
+    lo.cache_bytes = int64_t{1} << 30;
+    lo.preload = true;
+    calls = 0;
+    StreamingLoader<SftSample> pre(lo, counting);
+    auto first = pre.next_batch();
+    REQUIRE(first.has_value());
+    CHECK(calls.load() == 19);          // the whole first epoch, before its first batch
+    CHECK(pre.n_preloaded() == 20);     // its 20 positions (the malformed one's result too)
+    auto ids = drain(pre, 14);
+    for (auto it = first->rbegin(); it != first->rend(); ++it) ids.insert(ids.begin(), it->id);
+    CHECK(ids == expect);
+    CHECK(calls.load() == 19);          // later epochs come from the cache
+    CHECK(pre.n_skipped() == plain.n_skipped());
+    CHECK(pre.n_preloaded() == 60);     // each epoch waited for its 20 positions
+
+    // Only what the run will still take: 2 windows of 4 in file order (lines 1-8, line 5 bad).
+    // The prefetch window (prefetch 1 x batch 4 + 1 worker = 5 positions past the consumer)
+    // may make one more after the first batch is taken.
+    lo.shuffle_buffer = 0;
+    lo.prefetch = 1;
+    lo.num_workers = 1;
+    calls = 0;
+    StreamingLoader<SftSample> bounded(lo, counting);
+    bounded.set_remaining_windows(2);
+    REQUIRE(bounded.next_batch().has_value());
+    CHECK(calls.load() >= 7);
+    CHECK(calls.load() <= 8);
+    CHECK(bounded.n_preloaded() >= 8);
+
+    // Without preload the same first batch comes back with at most that window made.
+    lo.preload = false;
+    calls = 0;
+    StreamingLoader<SftSample> streamed(lo, counting);
+    REQUIRE(streamed.next_batch().has_value());
+    CHECK(calls.load() <= 8);
+    CHECK(streamed.n_preloaded() == 0);
+
+    // A budget of about 5 samples stops the preload there; the rest streams, same stream.
+    lo.preload = true;
+    lo.shuffle_buffer = 8;
+    lo.prefetch = 8;
+    lo.num_workers = 3;
+    lo.cache_bytes = 5 * approx_sample_bytes(SftSample{}) + 1;
+    StreamingLoader<SftSample> small_preloaded(lo, make);
+    CHECK(drain(small_preloaded, 15) == expect);
+  }
+  SECTION("a malformed record under preload still fails at its own batch") {
+    lo.skip_bad = false;
+    lo.repeat = true;
+    lo.cache_bytes = int64_t{1} << 30;
+    lo.preload = true;
+    StreamingLoader<SftSample> loader(lo, make);
+    REQUIRE(loader.next_batch().has_value());  // lines 1-4
+    CHECK_THROWS_WITH(loader.next_batch(), HasSubstr("d.jsonl:5"));
   }
   SECTION("rank sharding splits records disjointly") {
     lo.world_size = 2;

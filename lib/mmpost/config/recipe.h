@@ -70,6 +70,7 @@ struct DataSection {
   int64_t prefetch = 8;                   // batches queued ahead
   double cache_gb = 2.0;                  // preprocessed training samples kept across epochs
   bool packing = false;                   // sft: pack each batch's samples into shared rows
+  bool preload = true;                    // make each epoch's samples before its first step
   ImageSection image;
   template <class V>
   void visit(V& v) {
@@ -86,6 +87,10 @@ struct DataSection {
     v("cache_gb", cache_gb,
       "training samples (decoded, resized, tokenized) kept in memory after their first epoch "
       "and reused, up to this many GB (0: off); off while augmenting (image.random_shift, mDPO)");
+    v("preload", preload,
+      "make the samples each epoch will use before its first step (within cache_gb; the rest "
+      "streams) rather than during training, where the data workers compete with the step for "
+      "the cores; same samples, same order (off: always stream)");
     v("packing", packing,
       "sft: pack each micro-batch's samples into as few rows of up to max_length tokens as fit "
       "(best-fit decreasing; a sample and its images are never split), with positions restarting "

@@ -1,6 +1,8 @@
 // Streaming loader: reads JSONL lazily, shuffles within a seeded buffer, preprocesses on N worker
 // threads into a bounded window, and hands out samples in a deterministic order (independent of
-// thread timing) so runs and resumes are reproducible. Rank sharding: every rank reads the same
+// thread timing) so runs and resumes are reproducible. With preload, each epoch's samples are
+// made before its first batch is handed out, so preprocessing does not compete with training for
+// the cores (see LoaderOptions::preload). Rank sharding: every rank reads the same
 // shuffled stream and preprocesses only the positions p with p % world_size == rank, and each
 // step takes one window of batch_size * world_size positions, so N ranks with batch B see exactly
 // the samples of one process with batch N*B. Bad records become counted skips or an
@@ -10,10 +12,13 @@
 #include <nlohmann/json.hpp>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -45,6 +50,13 @@ struct LoaderOptions {
   /// first come first kept) and reused in later epochs instead of decoding and tokenizing again.
   /// Only for make functions whose result does not depend on the seed (no augmentation).
   int64_t cache_bytes = 0;
+  /// With cache_bytes > 0: at the start of each epoch, next_batch waits until every sample of
+  /// the epoch this rank will still take (bounded by set_remaining_windows) is made, as long as
+  /// they fit in cache_bytes (past that, the rest streams as without preload), instead of making
+  /// them during training, where the worker threads compete with the training step for the
+  /// cores. The same samples in the same order as without it; bad records still fail or are
+  /// skipped at their own batch.
+  bool preload = false;
 };
 
 /// Approximate memory of a cached sample: its image tensors plus a fixed allowance for token
@@ -103,6 +115,13 @@ class StreamingLoader {
     cursor_ = c;
   }
   LoaderCursor cursor() const { return cursor_; }
+  /// The number of next_batch calls the run will still make (< 0: unknown, the default): bounds
+  /// what preload makes ahead, so a run that ends mid-epoch does not preprocess the rest.
+  void set_remaining_windows(int64_t n) { remaining_windows_ = n; }
+  /// Samples made or taken from the cache before the first batch of an epoch (preload), summed
+  /// over epochs, and the seconds the consumer waited for them.
+  int64_t n_preloaded() const { return n_preloaded_; }
+  double preload_seconds() const { return preload_seconds_; }
   int64_t n_skipped() const { return n_skipped_; }
   /// Samples made so far (cache misses included) and samples served from the cache.
   int64_t n_made() const { return n_made_.load(); }
@@ -124,6 +143,7 @@ class StreamingLoader {
       if (!running_) {
         if (finished_) return std::nullopt;
         start_epoch();
+        wait_preloaded();
       }
       const int64_t w0 = cursor_.consumed, w1 = w0 + opts_.batch_size * opts_.world_size;
       bool epoch_end = false;
@@ -149,6 +169,7 @@ class StreamingLoader {
       }
       if (!epoch_end) {
         cursor_.consumed = w1;
+        if (remaining_windows_ > 0) --remaining_windows_;
         return batch;
       }
       // End of the epoch (the same window on every rank: the record count is global).
@@ -162,7 +183,10 @@ class StreamingLoader {
       ++cursor_.epoch;
       cursor_.consumed = 0;
       if (!opts_.repeat) finished_ = true;
-      if (window_had_records) return batch;  // the epoch's short last window (maybe empty here)
+      if (window_had_records) {  // the epoch's short last window (maybe empty here)
+        if (remaining_windows_ > 0) --remaining_windows_;
+        return batch;
+      }
       if (finished_) return std::nullopt;
     }
   }
@@ -187,6 +211,13 @@ class StreamingLoader {
     epoch_owned_ = epoch_valid_;
     results_.clear();
     work_.clear();
+    preload_bytes_ = 0;
+    preloading_ = opts_.preload && opts_.cache_bytes > 0 && remaining_windows_ != 0;
+    // Stream positions to make before the first batch: the run's remaining windows, or the
+    // whole epoch when that is unknown (the producer ends the epoch earlier in either case).
+    preload_end_ = remaining_windows_ > 0
+                       ? cursor_.consumed + remaining_windows_ * opts_.batch_size * opts_.world_size
+                       : std::numeric_limits<int64_t>::max();
     producer_ = std::thread([this] { produce(); });
     for (int64_t i = 0; i < opts_.num_workers; ++i) workers_.emplace_back([this] { work(); });
   }
@@ -208,6 +239,46 @@ class StreamingLoader {
   int64_t window() const {
     return (opts_.prefetch * opts_.batch_size + opts_.num_workers) * opts_.world_size;
   }
+  // Whether the producer may queue stream position s now (called under mu_): within the
+  // prefetch window of the consumer, or (preloading) before preload_end_ while the queue of
+  // unparsed records stays short (the records, not the samples, are what it bounds).
+  bool may_queue(int64_t s) const {
+    if (s < next_seq_ + window()) return true;
+    return preloading_ && s < preload_end_ &&
+           static_cast<int64_t>(work_.size()) < 4 * opts_.num_workers + 16;
+  }
+  // The number of this rank's positions in [a, b), a being one of them.
+  int64_t owned_between(int64_t a, int64_t b) const {
+    return b > a ? (b - a + opts_.world_size - 1) / opts_.world_size : 0;
+  }
+
+  // Consumer side, at the start of an epoch: waits until the epoch's samples up to preload_end_
+  // are made (or the preload budget ran out, or the producer failed: take_next reports that).
+  void wait_preloaded() {
+    const auto t0 = std::chrono::steady_clock::now();
+    int64_t n = 0;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!preloading_) return;
+      cv_.wait(lock, [&] {
+        if (stop_ || !preloading_ || !producer_error_.empty()) return true;
+        const int64_t end = total_seq_ >= 0 ? std::min(total_seq_, preload_end_) : preload_end_;
+        if (end == std::numeric_limits<int64_t>::max()) return false;  // epoch size not known yet
+        return static_cast<int64_t>(results_.size()) >= owned_between(next_seq_, end);
+      });
+      n = static_cast<int64_t>(results_.size());
+    }
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (n_preloaded_ == 0 && n > 0) {  // logged once a run
+      char secs[32];
+      std::snprintf(secs, sizeof secs, "%.2f", s);
+      log_info("data: " + std::to_string(n) + " samples of epoch " +
+               std::to_string(cursor_.epoch) + " made before its first step in " + secs +
+               " s (data.preload)");
+    }
+    n_preloaded_ += n;
+    preload_seconds_ += s;
+  }
   // The first stream position >= p that belongs to this rank.
   int64_t first_owned(int64_t p) const {
     const int64_t w = opts_.world_size, r = opts_.rank;
@@ -228,7 +299,7 @@ class StreamingLoader {
         if (s % opts_.world_size != opts_.rank) return true;  // another rank's record
         if (s < cursor_.consumed) return true;  // resumed: already consumed, not preprocessed
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || s < next_seq_ + window(); });
+        cv_.wait(lock, [&] { return stop_ || may_queue(s); });
         if (stop_) return false;
         work_.push_back({s, std::move(rec)});
         cv_.notify_all();
@@ -310,6 +381,10 @@ class StreamingLoader {
       }
       {
         std::lock_guard<std::mutex> lock(mu_);
+        if (preloading_ && r.sample) {  // the preload budget: data.cache_gb
+          preload_bytes_ += approx_sample_bytes(*r.sample);
+          if (preload_bytes_ > opts_.cache_bytes) preloading_ = false;  // the rest streams
+        }
         results_.emplace(w.seq, std::move(r));
       }
       cv_.notify_all();
@@ -351,6 +426,12 @@ class StreamingLoader {
   std::map<int64_t, Result> results_;
   int64_t next_seq_ = 0, total_seq_ = -1;
   bool stop_ = false, producer_done_ = false;
+  bool preloading_ = false;        // this epoch's preload is still filling (guarded by mu_)
+  int64_t preload_end_ = 0;        // stream position where this epoch's preload stops
+  int64_t preload_bytes_ = 0;      // approximate bytes made by this epoch's preload
+  int64_t remaining_windows_ = -1; // next_batch calls the run still makes (< 0: unknown)
+  int64_t n_preloaded_ = 0;
+  double preload_seconds_ = 0;
   std::string producer_error_;
   std::thread producer_;
   std::vector<std::thread> workers_;
