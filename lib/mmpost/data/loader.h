@@ -55,7 +55,8 @@ struct LoaderOptions {
   /// they fit in cache_bytes (past that, the rest streams as without preload), instead of making
   /// them during training, where the worker threads compete with the training step for the
   /// cores. The same samples in the same order as without it; bad records still fail or are
-  /// skipped at their own batch.
+  /// skipped at their own batch. Once an epoch's samples did not fit, later epochs stream (the
+  /// cache already holds what fits), so preloaded samples stay within cache_bytes.
   bool preload = false;
 };
 
@@ -119,9 +120,8 @@ class StreamingLoader {
   /// what preload makes ahead, so a run that ends mid-epoch does not preprocess the rest.
   void set_remaining_windows(int64_t n) { remaining_windows_ = n; }
   /// Samples made or taken from the cache before the first batch of an epoch (preload), summed
-  /// over epochs, and the seconds the consumer waited for them.
+  /// over epochs.
   int64_t n_preloaded() const { return n_preloaded_; }
-  double preload_seconds() const { return preload_seconds_; }
   int64_t n_skipped() const { return n_skipped_; }
   /// Samples made so far (cache misses included) and samples served from the cache.
   int64_t n_made() const { return n_made_.load(); }
@@ -212,7 +212,9 @@ class StreamingLoader {
     results_.clear();
     work_.clear();
     preload_bytes_ = 0;
-    preloading_ = opts_.preload && opts_.cache_bytes > 0 && remaining_windows_ != 0;
+    preloading_ =
+        opts_.preload && preload_fits_ && opts_.cache_bytes > 0 && remaining_windows_ != 0;
+    epoch_preloads_ = preloading_;
     // Stream positions to make before the first batch: the run's remaining windows, or the
     // whole epoch when that is unknown (the producer ends the epoch earlier in either case).
     preload_end_ = remaining_windows_ > 0
@@ -255,11 +257,11 @@ class StreamingLoader {
   // Consumer side, at the start of an epoch: waits until the epoch's samples up to preload_end_
   // are made (or the preload budget ran out, or the producer failed: take_next reports that).
   void wait_preloaded() {
+    if (!epoch_preloads_) return;
     const auto t0 = std::chrono::steady_clock::now();
     int64_t n = 0;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!preloading_) return;
+      std::unique_lock<std::mutex> lock(mu_);  // (the budget may already have run out)
       cv_.wait(lock, [&] {
         if (stop_ || !preloading_ || !producer_error_.empty()) return true;
         const int64_t end = total_seq_ >= 0 ? std::min(total_seq_, preload_end_) : preload_end_;
@@ -277,7 +279,6 @@ class StreamingLoader {
                " s (data.preload)");
     }
     n_preloaded_ += n;
-    preload_seconds_ += s;
   }
   // The first stream position >= p that belongs to this rank.
   int64_t first_owned(int64_t p) const {
@@ -383,7 +384,10 @@ class StreamingLoader {
         std::lock_guard<std::mutex> lock(mu_);
         if (preloading_ && r.sample) {  // the preload budget: data.cache_gb
           preload_bytes_ += approx_sample_bytes(*r.sample);
-          if (preload_bytes_ > opts_.cache_bytes) preloading_ = false;  // the rest streams
+          if (preload_bytes_ > opts_.cache_bytes) {  // the rest streams, as later epochs do
+            preloading_ = false;
+            preload_fits_ = false;
+          }
         }
         results_.emplace(w.seq, std::move(r));
       }
@@ -430,8 +434,9 @@ class StreamingLoader {
   int64_t preload_end_ = 0;        // stream position where this epoch's preload stops
   int64_t preload_bytes_ = 0;      // approximate bytes made by this epoch's preload
   int64_t remaining_windows_ = -1; // next_batch calls the run still makes (< 0: unknown)
+  bool preload_fits_ = true;       // false once an epoch's preload ran past cache_bytes
+  bool epoch_preloads_ = false;    // this epoch started with a preload (consumer thread only)
   int64_t n_preloaded_ = 0;
-  double preload_seconds_ = 0;
   std::string producer_error_;
   std::thread producer_;
   std::vector<std::thread> workers_;
