@@ -16,7 +16,7 @@ log() { echo "[setup] $*" >&2; }
 # ---- 1. Debian packages ---------------------------------------------------------------------
 PKGS=(build-essential cmake ninja-build pkg-config libopencv-dev libsentencepiece-dev sentencepiece
       libcli11-dev nlohmann-json3-dev catch2 python3-venv python3-dev libgloo-dev libpcre2-dev
-      libutf8proc-dev time chromium)  # chromium: headless rendering of `mmpost report` in tests
+      libutf8proc-dev libtcmalloc-minimal4 time chromium)  # chromium: `mmpost report` in tests
 if [[ "${MMPOST_SKIP_APT:-0}" != 1 ]]; then
   missing=()
   for p in "${PKGS[@]}"; do

@@ -3,11 +3,13 @@
 #include <CLI/CLI.hpp>
 #include <torch/torch.h>
 
+#include <dlfcn.h>
 #include <malloc.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <iostream>
+#include <string>
 
 #include "mmpost/cli_common.h"
 #include "mmpost/core/check.h"
@@ -16,13 +18,32 @@
 
 namespace {
 
-/// `mmpost --version`: version, commit, LibTorch version and what accelerators it sees.
+/// The malloc this process resolved to: "tcmalloc" when gperftools' tcmalloc serves it (linked
+/// into build/mmpost, see CMakeLists.txt, or LD_PRELOADed; its malloc is an alias of tc_malloc),
+/// else "glibc" (or "other" for any other interposed allocator).
+std::string malloc_name() {
+  void* m = dlsym(RTLD_DEFAULT, "malloc");
+  void* tc = dlsym(RTLD_DEFAULT, "tc_malloc");
+  if (tc != nullptr && m == tc) return "tcmalloc";
+  Dl_info info{};
+  if (m != nullptr && dladdr(m, &info) != 0 && info.dli_fname != nullptr &&
+      std::strstr(info.dli_fname, "libc.so") != nullptr) {
+    return "glibc";
+  }
+  return "other";
+}
+
+/// `mmpost --version`: version, commit, LibTorch version, what accelerators it sees, and malloc.
 int print_version() {
   std::cout << "mmpost " << MMPOST_VERSION << " (commit " << MMPOST_GIT_COMMIT << ")\n"
             << "LibTorch " << TORCH_VERSION << ", CUDA "
             << (torch::cuda::is_available()
                     ? "available (" + std::to_string(torch::cuda::device_count()) + " device(s))"
                     : std::string("not available"))
+            << "\nmalloc " << malloc_name()
+#ifdef MMPOST_LINKED_TCMALLOC
+            << " (built with tcmalloc)"
+#endif
             << "\n";
   return 0;
 }
@@ -40,7 +61,8 @@ bool check_subcommand(CLI::App& app, int argc, char** argv) {
   return false;
 }
 
-/// glibc returns freed blocks above M_TRIM_THRESHOLD / M_MMAP_THRESHOLD to the OS, so every
+/// With glibc's malloc (a build without tcmalloc, or MMPOST_TCMALLOC=OFF; tcmalloc ignores
+/// mallopt): glibc returns freed blocks above M_TRIM_THRESHOLD / M_MMAP_THRESHOLD to the OS, so every
 /// training step page-faults its activations and gradients back in (~90k faults per step at
 /// 100M parameters). Keep them: serve blocks up to glibc's largest mmap threshold (32 MiB on
 /// 64-bit) from the heap and never trim it. Peak RSS is unchanged (memory that a step needs it

@@ -128,6 +128,14 @@ def main():
     w(f"| torch | {torch.__version__} (BLAS {gemm['blas']}, oneDNN {gemm['mkldnn']}); mmpost links the same libtorch |")
     w(f"| transformers / Pillow | {transformers.__version__} / {PIL.__version__} |")
     w(f"| mmpost | git {rev}{' + uncommitted edits in the tree' if dirty else ''}; build/mmpost built {mtime} |")
+    try:
+        malloc = [l.split(None, 1)[1].strip() for l in subprocess.run(
+            [a.mmpost, "--version"], capture_output=True, text=True, timeout=60).stdout.splitlines()
+            if l.startswith("malloc ")]
+    except (OSError, subprocess.SubprocessError):
+        malloc = []
+    if malloc:
+        w(f"| mmpost malloc | {malloc[0]}; the reference: glibc's (and tcmalloc in the ref + tcmalloc column) |")
     gemm_lines = [l for l in open(os.path.join(o, "sft-100m-1.mmpost.log"))
                   if "CPU matmuls in" in l] if os.path.exists(os.path.join(o, "sft-100m-1.mmpost.log")) else []
     if gemm_lines:
@@ -193,11 +201,18 @@ def main():
       f"{a.sft_repeats} runs. Peak RSS: `/usr/bin/time -v` maximum resident set of the whole "
       "process (mmpost's includes its final checkpoint save; the reference's includes the Python "
       "interpreter with torch + transformers imported, shown separately).\n")
-    w("| config | params | batch x tokens/sample | mmpost tok/s | reference tok/s | ratio | mmpost windows | reference windows | peak RSS mmpost / ref (MB) | ref RSS before model (MB) |")
-    w("|---|---|---|---|---|---|---|---|---|---|")
+    has_tc = bool(glob.glob(os.path.join(o, "sft-*.ref_tc.json")))
+    if has_tc:
+        w("Column **ref + tcmalloc**: the same reference with gperftools' tcmalloc in LD_PRELOAD, "
+          "what PyTorch's CPU launcher (`python -m torch.backends.xeon.run_cpu`) does by default; "
+          "build/mmpost links tcmalloc itself (`mmpost --version` names the allocator). The "
+          "issue's targets are against the plain reference.\n")
+    tc_head = " ref + tcmalloc tok/s | ratio vs it |" if has_tc else ""
+    w("| config | params | batch x tokens/sample | mmpost tok/s | reference tok/s | ratio | mmpost windows | reference windows | peak RSS mmpost / ref (MB) | ref RSS before model (MB) |" + tc_head)
+    w("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if has_tc else ""))
     mfu_rows = []
     for cfg in ["digits", "100m"]:
-        mt, rt, ms, rs, mr, rr, rb, tps = [], [], [], [], [], [], [], []
+        mt, rt, ms, rs, mr, rr, rb, tps, tct = [], [], [], [], [], [], [], [], []
         params = recipe = None
         for d in sorted(glob.glob(os.path.join(o, f"sft-{cfg}-*"))):
             if not os.path.isdir(d):
@@ -215,12 +230,17 @@ def main():
             rr.append(maxrss_mb(d + ".ref.time"))
             rb.append(ref["maxrss_before_model_kb"] / 1024)
             ref_tps = ref["tokens_per_sample"]
+            if os.path.exists(d + ".ref_tc.json"):
+                lines = open(d + ".ref_tc.json").read().strip().splitlines()
+                if lines and lines[-1].startswith("{"):
+                    tct += [x["tokens_per_s"] for x in json.loads(lines[-1])["windows"][1:]]
         if not mt:
             continue
         B = recipe["train"]["batch_size"]
         w(f"| {cfg} | {params['total'] / 1e6:.2f} M | {B} x {med(tps):.1f} (ref {ref_tps:.1f}) | "
           f"{med(mt):.0f} | {med(rt):.0f} | **{med(mt) / med(rt):.2f}** | {spread(mt)} | {spread(rt)} | "
-          f"{med(mr):.0f} / {med(rr):.0f} | {med(rb):.0f} |")
+          f"{med(mr):.0f} / {med(rr):.0f} | {med(rb):.0f} |" +
+          ((f" {med(tct):.0f} | **{med(mt) / med(tct):.2f}** |" if tct else " - | - |") if has_tc else ""))
         vc = recipe["model"]["config"]["vision_config"]
         mfu_rows.append((cfg, params, vc, mfu_flops(params, vc, med(mt), med(ms)),
                          mfu_flops(params, vc, med(rt), med(rs))))

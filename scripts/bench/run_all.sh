@@ -7,7 +7,8 @@
 # Each pair runs back to back in this one invocation (mmpost, then the reference, per repeat).
 # Usage: bash scripts/bench/run_all.sh      (about 7-10 minutes on 2 cores)
 # Env: BENCH_OUT (scratch folder, default /tmp/mmpost-bench-run), REPEATS (preprocessing, 3),
-#      SFT_REPEATS (2), THREADS (torch threads for training and GEMM, 2), MAX_LOAD (1.0) and
+#      SFT_REPEATS (2), REF_TCMALLOC (the tcmalloc library preloaded into a third, reference run;
+#      empty: skip it), THREADS (torch threads for training and GEMM, 2), MAX_LOAD (1.0) and
 #      LOAD_WAIT_S (240): wait up to that long for the 1-minute load average to fall below MAX_LOAD.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -83,6 +84,9 @@ done
 COMMON_SET=(train.save_every_n_steps=0 train.eval_every_n_steps=0 'data.eval=""' "num_threads=$THREADS"
             data.shuffle_buffer=0 data.num_workers=1 'scheduler.name="constant"' scheduler.warmup_steps=0
             'device="cpu"')
+# build/mmpost links tcmalloc (CMakeLists.txt); the reference also runs a third time with it
+# preloaded, the allocator PyTorch's CPU launcher (torch.backends.xeon.run_cpu) preloads by default.
+REF_TCMALLOC="${REF_TCMALLOC-$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)}"
 declare -A RECIPE=([digits]=recipes/digits-sft.json [100m]=scripts/bench/sft-100m.json)
 declare -A SETS=([digits]="train.max_steps=20 train.log_every_n_steps=5"
                  [100m]="train.batch_size=2 train.max_steps=8 train.log_every_n_steps=2")
@@ -96,6 +100,11 @@ for cfg in digits 100m; do
     log "sft $cfg repeat=$r: reference"
     $TIME -v -o "$d.ref.time" "$PY" scripts/bench/ref_sft.py --recipe "$d/recipe.json" \
       >"$d.ref.json" 2>"$d.ref.log"
+    if [[ -n "$REF_TCMALLOC" ]]; then  # the reference as `python -m torch.backends.xeon.run_cpu` runs it
+      log "sft $cfg repeat=$r: reference with tcmalloc preloaded"
+      LD_PRELOAD="$REF_TCMALLOC" $TIME -v -o "$d.ref_tc.time" "$PY" scripts/bench/ref_sft.py \
+        --recipe "$d/recipe.json" >"$d.ref_tc.json" 2>"$d.ref_tc.log"
+    fi
     rm -rf "$d"/step_* "$d"/*.safetensors  # checkpoints are not needed (100m: ~1.2 GB each)
   done
 done

@@ -321,6 +321,12 @@ TEST_CASE("shell conveniences: --version, unknown subcommand, defaults with docs
   CHECK(r.code == 0);
   CHECK_THAT(r.out, HasSubstr("mmpost ") && HasSubstr("commit") && HasSubstr("LibTorch 2.") &&
                         HasSubstr("CUDA"));
+#ifdef MMPOST_LINKED_TCMALLOC
+  // build/mmpost links tcmalloc (CMakeLists.txt): the process's malloc must be it, not glibc's.
+  CHECK_THAT(r.out, HasSubstr("malloc tcmalloc (built with tcmalloc)"));
+#else
+  CHECK_THAT(r.out, HasSubstr("\nmalloc ") && !HasSubstr("built with tcmalloc"));
+#endif
   r = run_cli("trian", dir.path / "u");
   CHECK(r.code == 2);
   CHECK_THAT(r.err, HasSubstr("unknown subcommand \"trian\"") && HasSubstr("sft"));
