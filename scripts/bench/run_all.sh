@@ -86,7 +86,7 @@ COMMON_SET=(train.save_every_n_steps=0 train.eval_every_n_steps=0 'data.eval=""'
             'device="cpu"')
 # build/mmpost links tcmalloc (CMakeLists.txt); the reference also runs a third time with it
 # preloaded, the allocator PyTorch's CPU launcher (torch.backends.xeon.run_cpu) preloads by default.
-REF_TCMALLOC="${REF_TCMALLOC-$(ls /usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4 2>/dev/null || true)}"
+REF_TCMALLOC="${REF_TCMALLOC-$( (ldconfig -p 2>/dev/null || true) | awk '/libtcmalloc_minimal\.so\.4 /{p = $NF} END {print p}')}"
 declare -A RECIPE=([digits]=recipes/digits-sft.json [100m]=scripts/bench/sft-100m.json)
 declare -A SETS=([digits]="train.max_steps=60 train.log_every_n_steps=10"
                  [100m]="train.batch_size=2 train.max_steps=8 train.log_every_n_steps=2")
