@@ -12,6 +12,8 @@
 #include "mmpost/io/jsonl.h"
 #include "mmpost/io/safetensors.h"
 
+namespace e2e_test_cli {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -303,3 +305,5 @@ TEST_CASE("sft efficiency settings (fused AdamW, chunked loss, activation checkp
   CHECK(bad.err.find("dtype bfloat16") != std::string::npos);
   fs::remove_all(dir);
 }
+
+}  // namespace e2e_test_cli

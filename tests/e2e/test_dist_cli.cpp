@@ -24,6 +24,8 @@
 #include "e2e_util.h"
 #include "test_util.h"
 
+namespace e2e_test_dist_cli {
+
 namespace fs = std::filesystem;
 using mmpost::testing::read_all;
 using mmpost::testing::run_cli;
@@ -628,3 +630,5 @@ TEST_CASE("dist: a malformed launcher environment exits 2 naming the variable",
     CHECK_FALSE(fs::exists(dir.path / "run" / "metrics.jsonl"));
   }
 }
+
+}  // namespace e2e_test_dist_cli

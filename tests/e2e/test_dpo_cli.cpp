@@ -10,6 +10,8 @@
 #include "mmpost/io/jsonl.h"
 #include "test_util.h"
 
+namespace e2e_test_dpo_cli {
+
 namespace fs = std::filesystem;
 using mmpost::testing::run_cli;
 using mmpost::testing::TempDir;
@@ -239,3 +241,5 @@ TEST_CASE("dpo: train.cpu_shards=2 gives the unsharded steps (rpo term, live and
   CHECK(bad.err.find("train.cpu_shards") != std::string::npos);
   CHECK(bad.err.find("aot") != std::string::npos);
 }
+
+}  // namespace e2e_test_dpo_cli

@@ -15,6 +15,8 @@
 #include "mmpost/model/config.h"
 #include "test_util.h"
 
+namespace e2e_test_generate_cli {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -185,3 +187,5 @@ TEST_CASE("generate: a bad JSONL line exits 3 naming FILE:LINE, bad flags exit 2
   CHECK(missing.err.find("nope") != std::string::npos);
   CHECK(missing.out.empty());
 }
+
+}  // namespace e2e_test_generate_cli

@@ -10,6 +10,8 @@
 #include "catch.h"
 #include "test_util.h"
 
+namespace e2e_test_hf_roundtrip {
+
 namespace fs = std::filesystem;
 
 namespace {
@@ -47,3 +49,5 @@ TEST_CASE("LoRA adapters saved by mmpost sft load with PEFT onto the transformer
           "same logits, merge_on_save writes the merged model", "[e2e][hf]") {
   check_roundtrip("transformers, peft", " --lora", "mmpost_lora");
 }
+
+}  // namespace e2e_test_hf_roundtrip

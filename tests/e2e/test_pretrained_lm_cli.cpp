@@ -14,6 +14,8 @@
 #include "mmpost/model/vlm.h"
 #include "test_util.h"
 
+namespace e2e_test_pretrained_lm_cli {
+
 using namespace mmpost;
 using namespace mmpost::testing;
 namespace fs = std::filesystem;
@@ -245,3 +247,5 @@ TEST_CASE("text-only and image samples run in every stage on a tokenizer.json mo
                                  " --max-new-tokens 3 --temperature 0");
   CHECK_THAT(gen.out, Catch::Matchers::Contains("<|im_start|>system\\nYou are a helpful AI assistant named SmolLM"));
 }
+
+}  // namespace e2e_test_pretrained_lm_cli

@@ -30,6 +30,8 @@
 #include <filesystem>
 #include <fstream>
 
+namespace e2e_test_qwen2_vl_cli {
+
 using namespace mmpost;
 using namespace mmpost::testing;
 namespace fs = std::filesystem;
@@ -574,3 +576,5 @@ TEST_CASE("a Qwen2.5-VL hub folder runs sft (packed and unpacked), dpo and rlhf"
   REQUIRE(rl.size() == 1);
   CHECK(hub::is_qwen2_vl_folder(tmp.path / "rlhf"));
 }
+
+}  // namespace e2e_test_qwen2_vl_cli

@@ -16,6 +16,8 @@
 #include "mmpost/io/jsonl.h"
 #include "test_util.h"
 
+namespace e2e_test_report_cli {
+
 namespace fs = std::filesystem;
 using mmpost::testing::kDigitsDir;
 using mmpost::testing::read_all;
@@ -240,3 +242,5 @@ TEST_CASE("report: a run in progress is read as it stands, and bad folders and l
   r = run_cli("report", dir.path / "log7");
   CHECK(r.code == 2);
 }
+
+}  // namespace e2e_test_report_cli

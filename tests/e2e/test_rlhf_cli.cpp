@@ -9,6 +9,8 @@
 #include "mmpost/io/jsonl.h"
 #include "test_util.h"
 
+namespace e2e_test_rlhf_cli {
+
 namespace fs = std::filesystem;
 using mmpost::testing::read_all;
 using mmpost::testing::run_cli;
@@ -153,3 +155,5 @@ TEST_CASE("rlhf: GRPO raises a tiny policy's mean reward", "[e2e][rlhf]") {
   CHECK(r.code == 2);
   CHECK_THAT(r.err, HasSubstr("train.cpu_shards") && HasSubstr("rlhf does not"));
 }
+
+}  // namespace e2e_test_rlhf_cli

@@ -17,6 +17,8 @@
 #include "mmpost/stage_common.h"
 #include "test_util.h"
 
+namespace e2e_test_rm_cli {
+
 namespace fs = std::filesystem;
 using namespace mmpost;
 using mmpost::testing::read_lines_with;
@@ -220,3 +222,5 @@ TEST_CASE("rm train.cpu_shards=2 gives the unsharded steps, and lora.dropout ref
   CHECK(bad.err.find("train.cpu_shards") != std::string::npos);
   CHECK(bad.err.find("lora.dropout") != std::string::npos);
 }
+
+}  // namespace e2e_test_rm_cli

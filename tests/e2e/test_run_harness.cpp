@@ -23,6 +23,8 @@
 #include "e2e_util.h"
 #include "test_util.h"
 
+namespace e2e_test_run_harness {
+
 namespace fs = std::filesystem;
 using mmpost::testing::read_all;
 using mmpost::testing::run_cli;
@@ -573,3 +575,5 @@ TEST_CASE("LoRA: stale adapters removed, resume settings checked, bf16 base, PEF
   CHECK(r.code == 3);
   CHECK_THAT(r.err, HasSubstr("adapter_model.safetensors: missing"));
 }
+
+}  // namespace e2e_test_run_harness

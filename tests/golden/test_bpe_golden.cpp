@@ -14,6 +14,8 @@
 #include "mmpost/data/tokenizer.h"
 #include "test_util.h"
 
+namespace golden_test_bpe_golden {
+
 using namespace mmpost;
 using namespace mmpost::data;
 namespace fs = std::filesystem;
@@ -121,3 +123,5 @@ TEST_CASE("byte-level BPE on the real SmolLM2-135M tokenizer (needs MMPOST_SMOLL
   std::cout << "smollm2 tokenizer parity: " << e["texts"].size() << " texts, "
             << e["bytes"].get<int64_t>() << " bytes, " << n_ids << " ids\n";
 }
+
+}  // namespace golden_test_bpe_golden

@@ -11,6 +11,8 @@
 #include "mmpost/data/chat_template.h"
 #include "mmpost/data/tokenizer.h"
 
+namespace golden_test_chat_template_golden {
+
 using namespace mmpost;
 using namespace mmpost::data;
 namespace fs = std::filesystem;
@@ -130,3 +132,5 @@ TEST_CASE("data.chat_template auto takes the checkpoint's template and refuses a
     CHECK_THAT(std::string(e.what()), Catch::Matchers::Contains("data.chat_template"));
   }
 }
+
+}  // namespace golden_test_chat_template_golden

@@ -10,6 +10,8 @@
 #include "mmpost/algo/dpo_loss.h"
 #include "mmpost/io/safetensors.h"
 
+namespace golden_test_dpo_golden {
+
 using namespace mmpost;
 namespace fs = std::filesystem;
 
@@ -80,3 +82,5 @@ TEST_CASE("dpo_loss matches TRL for every loss type and option", "[golden][dpo]"
     CHECK(d_mean < 1e-6);
   }
 }
+
+}  // namespace golden_test_dpo_golden

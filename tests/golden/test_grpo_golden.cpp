@@ -16,6 +16,8 @@
 #include "mmpost/algo/policy_gradient.h"
 #include "mmpost/io/safetensors.h"
 
+namespace golden_test_grpo_golden {
+
 using namespace mmpost;
 namespace fs = std::filesystem;
 
@@ -122,3 +124,5 @@ TEST_CASE("grpo and rloo advantages match TRL for every scale_rewards", "[golden
     CHECK_FALSE(out.advantages.isnan().any().item<bool>());
   }
 }
+
+}  // namespace golden_test_grpo_golden

@@ -12,6 +12,8 @@
 #include <fstream>
 #include <iostream>
 
+namespace golden_test_llava_golden {
+
 using namespace mmpost::model;
 
 namespace {
@@ -90,3 +92,5 @@ TEST_CASE("a saved checkpoint (config.json + model.safetensors) reloads identica
   CHECK(b->language_model->tied());
   if (std::getenv("MMPOST_KEEP_LLAVA_SAVE") == nullptr) std::filesystem::remove_all(dir);
 }
+
+}  // namespace golden_test_llava_golden

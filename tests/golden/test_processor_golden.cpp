@@ -14,6 +14,8 @@
 #include "mmpost/hub/hf_folder.h"
 #include "mmpost/io/safetensors.h"
 
+namespace golden_test_processor_golden {
+
 using namespace mmpost;
 using namespace mmpost::data;
 namespace fs = std::filesystem;
@@ -134,3 +136,5 @@ TEST_CASE("added tokens from a transformers 4.x tokenizer_config.json", "[unit][
                     HasSubstr("tokenizer_config.json") && HasSubstr("▁the"));
   fs::remove_all(dir);
 }
+
+}  // namespace golden_test_processor_golden

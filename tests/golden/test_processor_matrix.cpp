@@ -17,6 +17,8 @@
 #include "mmpost/io/safetensors.h"
 #include "test_util.h"
 
+namespace golden_test_processor_matrix {
+
 using namespace mmpost;
 using namespace mmpost::data;
 namespace fs = std::filesystem;
@@ -204,3 +206,5 @@ TEST_CASE("tokenizer.json's post_processor decides the BOS, as transformers", "[
                         R"([{"Sequence": {"id": "A", "type_id": 0}}, {"SpecialToken": {"id": "</s>", "type_id": 0}}])")),
                     Catch::Matchers::Contains("post_processor.single adds tokens mmpost does not reproduce"));
 }
+
+}  // namespace golden_test_processor_matrix

@@ -16,6 +16,8 @@
 #include <fstream>
 #include <iterator>
 
+namespace golden_test_qwen2_vl_golden {
+
 using namespace mmpost::model;
 namespace fs = std::filesystem;
 
@@ -163,3 +165,5 @@ TEST_CASE("Qwen2-VL family folders save in the hub layout and transformers loads
     CHECK(text.find("\"ok\": true") != std::string::npos);
   }
 }
+
+}  // namespace golden_test_qwen2_vl_golden

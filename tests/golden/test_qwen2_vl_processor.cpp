@@ -19,6 +19,8 @@
 #include "mmpost/model/qwen2_vl.h"
 #include "mmpost/io/safetensors.h"
 
+namespace golden_test_qwen2_vl_processor {
+
 using namespace mmpost;
 using namespace mmpost::data;
 namespace fs = std::filesystem;
@@ -333,3 +335,5 @@ TEST_CASE("a Qwen2-VL training sample equals transformers' Qwen2VLProcessor outp
   const auto reply1 = tok->encode("a rocket", false), reply2 = tok->encode("an astronaut", false);
   CHECK(supervised == static_cast<int64_t>(reply1.size() + 1 + reply2.size() + 1));
 }
+
+}  // namespace golden_test_qwen2_vl_processor

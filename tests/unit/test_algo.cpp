@@ -7,6 +7,8 @@
 #include "mmpost/core/check.h"
 #include "mmpost/train/optimizer.h"
 
+namespace unit_test_algo {
+
 using namespace mmpost;
 
 TEST_CASE("sft loss: shifted cross-entropy over supervised tokens", "[unit][algo]") {
@@ -64,3 +66,5 @@ TEST_CASE("clip_grad_norm scales to the max norm", "[unit][train]") {
   CHECK(a.grad()[0].item<float>() == Approx(0.6f).epsilon(1e-5));
   CHECK(b.grad()[0].item<float>() == Approx(0.8f).epsilon(1e-5));
 }
+
+}  // namespace unit_test_algo

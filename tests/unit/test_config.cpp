@@ -5,6 +5,8 @@
 #include "mmpost/config/recipe.h"
 #include "mmpost/config/schema.h"
 
+namespace unit_test_config {
+
 using namespace mmpost;
 using namespace mmpost::config;
 
@@ -56,3 +58,5 @@ TEST_CASE("invalid JSON in a recipe file names the file", "[unit][config]") {
                     HasSubstr("mmpost_bad_recipe.json: invalid JSON"));
   std::filesystem::remove(p);
 }
+
+}  // namespace unit_test_config

@@ -12,6 +12,8 @@
 #include "mmpost/core/cpu_gemm.h"
 #include "test_util.h"
 
+namespace unit_test_cpu_gemm {
+
 using namespace mmpost;
 
 namespace {
@@ -257,3 +259,5 @@ TEST_CASE("cpu_gemm: the oneDNN linear's 3-D output can be modified in place", "
   REQUIRE(torch::equal(x.grad(), torch::full({2, 3, 512}, 512.f)));    // 2 x sum_j 0.5
   REQUIRE(torch::equal(w.grad(), torch::full({512, 512}, 12.f)));      // 2 x 6 rows
 }
+
+}  // namespace unit_test_cpu_gemm

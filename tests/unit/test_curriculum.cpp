@@ -8,6 +8,8 @@
 #include "mmpost/core/check.h"
 #include "mmpost/data/curriculum.h"
 
+namespace unit_test_curriculum {
+
 using namespace mmpost;
 using data::Curriculum;
 using data::CurriculumConfig;
@@ -224,3 +226,5 @@ TEST_CASE("curriculum config parsing is strict", "[unit][curriculum]") {
     CHECK_THAT(std::string(e.what()), HasSubstr("the data has difficulties 2, 3, 4"));
   }
 }
+
+}  // namespace unit_test_curriculum

@@ -17,6 +17,8 @@
 #include "mmpost/data/sft_dataset.h"
 #include "mmpost/data/tokenizer.h"
 
+namespace unit_test_data {
+
 using namespace mmpost;
 using namespace mmpost::data;
 namespace fs = std::filesystem;
@@ -505,3 +507,5 @@ TEST_CASE("validation pass: every bad record in file order, capped, whatever the
   CHECK(validate_before_training(file.string(), check, /*skip_bad=*/true, 2, "test").n_bad == 16);
   fs::remove_all(dir);
 }
+
+}  // namespace unit_test_data

@@ -6,6 +6,8 @@
 #include "mmpost/algo/dpo_loss.h"
 #include "mmpost/core/check.h"
 
+namespace unit_test_dpo_loss {
+
 using namespace mmpost;
 
 namespace {
@@ -127,3 +129,5 @@ TEST_CASE("dpo loss rejects settings TRL rejects", "[unit][dpo]") {
   auto simpo = config(algo::DpoLossType::kSimpo, 2.0);
   CHECK(algo::dpo_loss(b.policy, nullptr, simpo).losses.size(0) == 2);
 }
+
+}  // namespace unit_test_dpo_loss

@@ -22,6 +22,8 @@
 #include "mmpost/model/vlm.h"
 #include "mmpost/train/rollout.h"
 
+namespace unit_test_efficiency {
+
 using namespace mmpost;
 
 namespace {
@@ -364,3 +366,5 @@ TEST_CASE("at::parallel_for in mmpost's code runs on the intra-op threads, in Li
   CHECK(ids.size() == 2);
   CHECK(in_region == 2);
 }
+
+}  // namespace unit_test_efficiency

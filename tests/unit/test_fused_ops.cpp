@@ -11,6 +11,8 @@
 #include "mmpost/model/fused_ops.h"
 #include "mmpost/model/fused_rms_norm.h"
 
+namespace unit_test_fused_ops {
+
 using namespace mmpost;
 
 namespace {
@@ -236,3 +238,5 @@ TEST_CASE("fused kernels split over two threads give the one-thread values (elem
     }
   }
 }
+
+}  // namespace unit_test_fused_ops

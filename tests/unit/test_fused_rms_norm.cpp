@@ -4,6 +4,8 @@
 #include "mmpost/model/blocks.h"
 #include "mmpost/model/fused_rms_norm.h"
 
+namespace unit_test_fused_rms_norm {
+
 using namespace mmpost;
 
 namespace {
@@ -101,3 +103,5 @@ TEST_CASE("RmsNorm module runs the fused kernel: same as the composite on a Llam
   REQUIRE(y.grad_fn()->name().find("FusedRmsNorm") != std::string::npos);
   require_close(y, model::rms_norm_composite(x, norm->weight, 1e-6), 1e-6, 1e-6);
 }
+
+}  // namespace unit_test_fused_rms_norm

@@ -7,9 +7,12 @@
 #include "mmpost/core/check.h"
 #include "mmpost/model/generation.h"
 #include "mmpost/model/vlm.h"
+#include "mmpost/train/rollout.h"
 
 #include <algorithm>
 #include <vector>
+
+namespace unit_test_generation {
 
 using namespace mmpost::model;
 
@@ -286,7 +289,6 @@ TEST_CASE("truncated marks rows that used the whole budget without EOS", "[unit]
   }
 }
 
-#include "mmpost/train/rollout.h"
 
 TEST_CASE("behaviour log-probs recorded at sampling time equal the training forward's at any "
           "temperature", "[unit][model]") {
@@ -348,3 +350,5 @@ TEST_CASE("the image placeholder is never sampled, even from a near-uniform dist
   // The draws do reach the top of the vocabulary (ids 55-62 appear), so the absence is the mask.
   CHECK(out.sequences.ge(55).logical_and(out.sequences.lt(kImage)).sum().item<int64_t>() > 20);
 }
+
+}  // namespace unit_test_generation

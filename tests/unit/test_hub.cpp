@@ -7,6 +7,8 @@
 #include "mmpost/hub/hf_folder.h"
 #include "test_util.h"
 
+namespace unit_test_hub {
+
 namespace fs = std::filesystem;
 
 using mmpost::testing::TempDir;
@@ -24,3 +26,5 @@ TEST_CASE("load_pretrained refuses a config that does not describe the stored we
                     HasSubstr("config.json: describes a model of about") &&
                         HasSubstr("vision_config and text_config"));
 }
+
+}  // namespace unit_test_hub

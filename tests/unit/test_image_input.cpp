@@ -13,6 +13,8 @@
 #include "mmpost/data/image.h"
 #include "test_util.h"
 
+namespace unit_test_image_input {
+
 using namespace mmpost;
 using namespace mmpost::data;
 namespace fs = std::filesystem;
@@ -191,3 +193,5 @@ TEST_CASE("image files: 16-bit and alpha follow Pillow's convert(\"RGB\")", "[un
   auto a = load_image_rgb(write(dir.path / "a.png", encode(rgba, ".png")).string());
   CHECK(a.at<cv::Vec3b>(0, 0) == cv::Vec3b(10, 20, 30));
 }
+
+}  // namespace unit_test_image_input

@@ -8,6 +8,8 @@
 #include "mmpost/core/check.h"
 #include "mmpost/data/image.h"
 
+namespace unit_test_image_resample {
+
 using namespace mmpost;
 using namespace mmpost::data;
 namespace fs = std::filesystem;
@@ -104,3 +106,5 @@ TEST_CASE("HF preprocessor settings select Pillow's kernels", "[unit][data]") {
                     HasSubstr("bad.json") && HasSubstr("resample"));
   fs::remove_all(dir);
 }
+
+}  // namespace unit_test_image_resample

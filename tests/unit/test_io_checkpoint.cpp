@@ -11,6 +11,8 @@
 #include "mmpost/core/check.h"
 #include "mmpost/io/checkpoint.h"
 
+namespace unit_test_io_checkpoint {
+
 namespace fs = std::filesystem;
 namespace io = mmpost::io;
 
@@ -116,3 +118,5 @@ TEST_CASE("checkpoint: check_free_space", "[unit][io]") {
     CHECK_FALSE(e.hint().empty());
   }
 }
+
+}  // namespace unit_test_io_checkpoint

@@ -11,6 +11,8 @@
 #include "mmpost/core/check.h"
 #include "mmpost/io/jsonl.h"
 
+namespace unit_test_io_jsonl {
+
 namespace fs = std::filesystem;
 using mmpost::io::JsonlReader;
 using mmpost::io::JsonlRecord;
@@ -126,3 +128,5 @@ TEST_CASE("jsonl: writer errors name the file", "[unit][io]") {
     }
   }
 }
+
+}  // namespace unit_test_io_jsonl

@@ -16,6 +16,8 @@
 #include "mmpost/core/check.h"
 #include "mmpost/io/safetensors.h"
 
+namespace unit_test_io_safetensors {
+
 namespace fs = std::filesystem;
 using mmpost::io::SafetensorsFile;
 
@@ -388,3 +390,5 @@ TEST_CASE("safetensors: corrupted and truncated files throw mmpost::Error, never
   }
   CHECK(n_errors > 25);  // most corruptions are detected (flips in tensor data are not)
 }
+
+}  // namespace unit_test_io_safetensors

@@ -7,6 +7,8 @@
 #include "mmpost/model/lora.h"
 #include "mmpost/model/vlm.h"
 
+namespace unit_test_lora {
+
 using namespace mmpost;
 
 namespace {
@@ -130,3 +132,5 @@ TEST_CASE("LoraAdapters: regex targets, and targets that match nothing are refus
           std::string::npos);
   }
 }
+
+}  // namespace unit_test_lora

@@ -16,6 +16,8 @@
 
 #include <cmath>
 
+namespace unit_test_model {
+
 using namespace mmpost::model;
 
 namespace {
@@ -426,3 +428,5 @@ TEST_CASE("param_counts from the config equal the built model's parameters, per 
   CHECK(training_state_bytes(1000, 600, 4) == 4000 + 600 * 12);
   CHECK(training_state_bytes(1000, 1000, 2) == 8000);
 }
+
+}  // namespace unit_test_model

@@ -9,6 +9,8 @@
 
 #include "catch.h"
 
+namespace unit_test_names {
+
 namespace fs = std::filesystem;
 
 TEST_CASE("no TEST_CASE name holds a semicolon (ctest would run nothing for it)", "[unit]") {
@@ -28,3 +30,5 @@ TEST_CASE("no TEST_CASE name holds a semicolon (ctest would run nothing for it)"
   }
   CHECK(n_names > 150);  // the scan really saw the suite
 }
+
+}  // namespace unit_test_names

@@ -7,6 +7,8 @@
 #include "mmpost/train/host_adamw.h"
 #include "mmpost/train/optimizer.h"
 
+namespace unit_test_optimizer {
+
 using namespace mmpost;
 
 namespace {
@@ -261,3 +263,5 @@ TEST_CASE("mixed precision: the forward after an optimizer step casts the update
     CHECK(max_abs_diff(w.detach(), w_before) > 0.05);  // the update is visible in float32
   }
 }
+
+}  // namespace unit_test_optimizer

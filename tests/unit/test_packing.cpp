@@ -9,6 +9,8 @@
 #include "mmpost/model/blocks.h"
 #include "mmpost/model/vlm.h"
 
+namespace unit_test_packing {
+
 using namespace mmpost;
 
 namespace {
@@ -157,3 +159,5 @@ TEST_CASE("a packed batch gives the unpacked SFT loss and gradients (LLaVA)", "[
                                           leaky.attention_mask), leaky.labels).item<double>();
   CHECK(std::abs(l2 - l0) > 1e-3);
 }
+
+}  // namespace unit_test_packing

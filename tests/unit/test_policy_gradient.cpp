@@ -8,6 +8,8 @@
 #include "mmpost/algo/policy_gradient.h"
 #include "mmpost/core/check.h"
 
+namespace unit_test_policy_gradient {
+
 using namespace mmpost;
 
 namespace {
@@ -393,3 +395,5 @@ TEST_CASE("kl_penalized_rewards: -kl_coef * kl per token plus the score at the l
   CHECK(r[1][2].item<double>() == Approx(3.0));
   CHECK(r[2].abs().sum().item<double>() == 0.0);
 }
+
+}  // namespace unit_test_policy_gradient

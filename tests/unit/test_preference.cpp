@@ -11,6 +11,8 @@
 #include "mmpost/model/vlm.h"
 #include "mmpost/train/preference.h"
 
+namespace unit_test_preference {
+
 using namespace mmpost;
 using namespace mmpost::data;
 namespace fs = std::filesystem;
@@ -285,3 +287,5 @@ TEST_CASE("preference_forward shares one vision pass and matches the plain forwa
   CHECK(f.logps.n_chosen.item<float>() == 3);
   CHECK(f.logps.n_rejected.item<float>() == 2);
 }
+
+}  // namespace unit_test_preference

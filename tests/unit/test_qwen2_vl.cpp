@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 
+namespace unit_test_qwen2_vl {
+
 using namespace mmpost::model;
 
 namespace {
@@ -117,3 +119,5 @@ TEST_CASE("a Qwen2-VL folder given to a LLaVA stage is refused with what works a
                     Catch::Contains("model_type \"qwen2_5_vl\" is the Qwen2-VL family") &&
                         Catch::Contains("stages take LLaVA folders only so far"));
 }
+
+}  // namespace unit_test_qwen2_vl

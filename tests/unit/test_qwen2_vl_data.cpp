@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <filesystem>
 
+namespace unit_test_qwen2_vl_data {
+
 using namespace mmpost::data;
 namespace fs = std::filesystem;
 
@@ -155,3 +157,5 @@ TEST_CASE("Qwen2-VL preference prompts keep whole images when truncated", "[unit
   CHECK(std::count(cut.prompt_ids.begin(), cut.prompt_ids.end(), pad) ==
         std::count(ids.begin(), ids.end(), pad));
 }
+
+}  // namespace unit_test_qwen2_vl_data

@@ -14,6 +14,8 @@
 #include "mmpost/report/svg.h"
 #include "test_util.h"
 
+namespace unit_test_report {
+
 namespace fs = std::filesystem;
 using namespace mmpost::report;
 using mmpost::testing::TempDir;
@@ -410,3 +412,5 @@ TEST_CASE("report: the curriculum timeline has one segment per stage with its st
   r.runs[0] = run_of("{\"step\": 5, \"curriculum/stage\": 0}\n{\"step\": 10, \"curriculum/stage\": 0}\n", "rlhf");
   CHECK(count(render_html(r), "<figure class=\"timeline\">") == 0);
 }
+
+}  // namespace unit_test_report

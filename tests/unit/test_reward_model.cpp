@@ -12,6 +12,8 @@
 #include "mmpost/model/reward_model.h"
 #include "test_util.h"
 
+namespace unit_test_reward_model {
+
 using namespace mmpost;
 
 namespace {
@@ -121,3 +123,5 @@ TEST_CASE("reward model folder: save, load, same rewards, a plain VLM is refused
     CHECK(std::string(e.what()).find("mmpost rm") != std::string::npos);
   }
 }
+
+}  // namespace unit_test_reward_model

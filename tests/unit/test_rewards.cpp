@@ -8,6 +8,8 @@
 #include "mmpost/algo/rewards.h"
 #include "mmpost/core/check.h"
 
+namespace unit_test_rewards {
+
 using namespace mmpost;
 using algo::RewardKind;
 
@@ -281,3 +283,5 @@ TEST_CASE("rewards: a reward of 0.0 is a score, never a missing value", "[unit][
                       ErrorKind::kRuntime),
              HasSubstr("stdout line 2 is ''"));
 }
+
+}  // namespace unit_test_rewards

@@ -25,6 +25,8 @@
 #include "mmpost/train/run.h"
 #include "test_util.h"
 
+namespace unit_test_run {
+
 namespace fs = std::filesystem;
 using namespace mmpost;
 using mmpost::testing::read_all;
@@ -259,3 +261,5 @@ TEST_CASE("Checkpointer: atomic folders, one save per step, tokenizer from memor
   CHECK(read_all(out / "model.safetensors") == read_all(last / "model.safetensors"));
   CHECK(fs::exists(out / train::kValueHeadFile));
 }
+
+}  // namespace unit_test_run

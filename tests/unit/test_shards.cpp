@@ -14,6 +14,8 @@
 #include "mmpost/train/shards.h"
 #include "test_util.h"
 
+namespace unit_test_shards {
+
 using mmpost::train::backward_shards;
 using mmpost::train::resolve_cpu_shards;
 using mmpost::train::run_concurrently;
@@ -235,3 +237,5 @@ TEST_CASE("the CLIP patch embedding as a GEMM equals the stride-p convolution", 
                 emb->position_embedding->weight.unsqueeze(0);
   CHECK(max_abs(emb->forward(pixels), expect) < 1e-5);
 }
+
+}  // namespace unit_test_shards

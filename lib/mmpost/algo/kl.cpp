@@ -10,7 +10,7 @@
 namespace mmpost::algo {
 namespace {
 
-const std::pair<KlEstimator, const char*> kNames[] = {
+const std::pair<KlEstimator, const char*> kKlEstimatorNames[] = {
     {KlEstimator::kK1, "k1"},        {KlEstimator::kK1, "kl"},   {KlEstimator::kK2, "k2"},
     {KlEstimator::kK2, "mse"},       {KlEstimator::kK3, "k3"},   {KlEstimator::kLowVarKl, "low_var_kl"},
     {KlEstimator::kAbs, "abs"},      {KlEstimator::kFull, "full"},
@@ -66,13 +66,13 @@ struct FullKlFunction : public torch::autograd::Function<FullKlFunction> {
 }  // namespace
 
 KlEstimator parse_kl_estimator(const std::string& name) {
-  return parse_name(kNames, name, "rlhf.kl_estimator");
+  return parse_name(kKlEstimatorNames, name, "rlhf.kl_estimator");
 }
 
 // The first name of each estimator is the canonical one (name_of returns the first match).
-std::string to_string(KlEstimator estimator) { return name_of(kNames, estimator); }
+std::string to_string(KlEstimator estimator) { return name_of(kKlEstimatorNames, estimator); }
 
-std::string kl_estimator_names() { return names_of(kNames); }
+std::string kl_estimator_names() { return names_of(kKlEstimatorNames); }
 
 torch::Tensor per_token_kl(const torch::Tensor& logps, const torch::Tensor& ref_logps,
                            KlEstimator estimator) {

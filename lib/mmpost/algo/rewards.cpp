@@ -28,14 +28,14 @@ extern char** environ;
 namespace mmpost::algo {
 namespace {
 
-const std::pair<RewardKind, const char*> kNames[] = {
+const std::pair<RewardKind, const char*> kRewardKindNames[] = {
     {RewardKind::kExactMatch, "exact_match"},       {RewardKind::kNumericMatch, "numeric_match"},
     {RewardKind::kChoiceMatch, "choice_match"},     {RewardKind::kFormat, "format"},
     {RewardKind::kLengthPenalty, "length_penalty"}, {RewardKind::kExternal, "external"},
 };
 
 std::optional<RewardKind> find_kind(const std::string& name) {
-  for (const auto& [kind, n] : kNames)
+  for (const auto& [kind, n] : kRewardKindNames)
     if (name == n) return kind;
   return std::nullopt;
 }
@@ -364,14 +364,14 @@ RewardKind parse_reward_kind(const std::string& name) {
 }
 
 std::string to_string(RewardKind kind) {
-  for (const auto& [k, n] : kNames)
+  for (const auto& [k, n] : kRewardKindNames)
     if (k == kind) return n;
   return "?";
 }
 
 std::string reward_kind_names() {
   std::string out;
-  for (const auto& [k, n] : kNames) out += (out.empty() ? "" : ", ") + std::string(n);
+  for (const auto& [k, n] : kRewardKindNames) out += (out.empty() ? "" : ", ") + std::string(n);
   return out;
 }
 

@@ -336,13 +336,18 @@ struct ProcessGroup::Impl {
 // device, all reduced together", so distinct tensors are packed into one
 // flat buffer per dtype instead.
 // ---------------------------------------------------------------------------
-namespace {
-
+// Outside the anonymous namespace: WorkHandle::State (a class with external linkage) holds
+// Buckets.
+namespace detail {
 struct Bucket {
   at::Tensor flat;                  // 1-D buffer handed to c10d
   std::vector<at::Tensor> members;  // caller's tensors, in order
   bool direct = false;              // flat *is* the caller's tensor
 };
+}  // namespace detail
+using detail::Bucket;
+
+namespace {
 
 std::vector<Bucket> pack(const std::vector<at::Tensor>& tensors, const char* op) {
   std::vector<Bucket> buckets;

@@ -10,18 +10,9 @@
 namespace mmpost::model {
 namespace {
 
-bool starts_with(const std::string& s, const std::string& prefix) {
-  return s.compare(0, prefix.size(), prefix) == 0;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() &&
-         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // Buffers some checkpoints store that are recomputed here.
 bool is_ignored_buffer(const std::string& name) {
-  return ends_with(name, "embeddings.position_ids") || ends_with(name, "rotary_emb.inv_freq");
+  return name.ends_with("embeddings.position_ids") || name.ends_with("rotary_emb.inv_freq");
 }
 
 std::string list(const std::vector<std::string>& names, size_t max_shown = 20) {
@@ -35,11 +26,11 @@ std::string list(const std::vector<std::string>& names, size_t max_shown = 20) {
 
 std::string hub_name(const std::string& checkpoint_name) {
   std::string n = checkpoint_name;
-  if (starts_with(n, "lm_head.")) return "language_model." + n;
-  if (starts_with(n, "model.language_model.")) return "language_model.model." + n.substr(21);
-  if (starts_with(n, "model.vision_tower.") || starts_with(n, "model.multi_modal_projector."))
+  if (n.starts_with("lm_head.")) return "language_model." + n;
+  if (n.starts_with("model.language_model.")) return "language_model.model." + n.substr(21);
+  if (n.starts_with("model.vision_tower.") || n.starts_with("model.multi_modal_projector."))
     n = n.substr(6);
-  if (starts_with(n, "vision_tower.") && !starts_with(n, "vision_tower.vision_model."))
+  if (n.starts_with("vision_tower.") && !n.starts_with("vision_tower.vision_model."))
     n = "vision_tower.vision_model." + n.substr(13);
   return n;
 }

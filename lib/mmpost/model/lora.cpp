@@ -13,11 +13,6 @@
 namespace mmpost::model {
 namespace {
 
-bool starts_with(const std::string& s, const std::string& p) { return s.rfind(p, 0) == 0; }
-bool ends_with(const std::string& s, const std::string& p) {
-  return s.size() >= p.size() && s.compare(s.size() - p.size(), p.size(), p) == 0;
-}
-
 const std::string kPrefix = "base_model.model.";
 
 }  // namespace
@@ -35,11 +30,11 @@ torch::Tensor LoraLinearImpl::forward(const torch::Tensor& x) {
 }
 
 std::string transformers_module_path(const std::string& n) {
-  if (starts_with(n, "language_model.model.")) return "model.language_model." + n.substr(21);
+  if (n.starts_with("language_model.model.")) return "model.language_model." + n.substr(21);
   if (n == "language_model.lm_head") return "lm_head";
-  if (starts_with(n, "vision_tower.vision_model.")) return "model.vision_tower." + n.substr(26);
-  if (starts_with(n, "multi_modal_projector.")) return "model." + n;
-  if (starts_with(n, "visual.")) return "model." + n;  // Qwen2-VL family
+  if (n.starts_with("vision_tower.vision_model.")) return "model.vision_tower." + n.substr(26);
+  if (n.starts_with("multi_modal_projector.")) return "model." + n;
+  if (n.starts_with("visual.")) return "model." + n;  // Qwen2-VL family
   return n;
 }
 
@@ -71,7 +66,7 @@ LoraAdapters::LoraAdapters(VlmImpl& model, const LoraSettings& s) : settings_(s)
       hit = std::regex_match(name, re);
     } else {
       for (const auto& t : s.target_modules) {
-        if (name == t || ends_with(name, "." + t)) {
+        if (name == t || name.ends_with("." + t)) {
           hit = true;
           used_entries.insert(t);
         }
