@@ -28,7 +28,7 @@ command -v ninja >/dev/null && [[ ! -f "$BUILD_DIR/Makefile" ]] && GEN=(-G Ninja
 log "configuring $BUILD_DIR (MMPOST_SANITIZE=ON)"
 cmake -S . -B "$BUILD_DIR" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Debug -DMMPOST_SANITIZE=ON \
       ${Torch_DIR:+-DTorch_DIR="$Torch_DIR"} >&2
-log "building (from scratch about 12 min on 2 cores)"
+log "building (from scratch about 10 min on 2 cores)"
 cmake --build "$BUILD_DIR" -j"$(nproc)" >&2
 build_s=$((SECONDS - t0))
 
