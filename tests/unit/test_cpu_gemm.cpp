@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 
+#include <dlfcn.h>
+
 #include <array>
 
 #include "catch.h"
@@ -244,6 +246,55 @@ TEST_CASE("cpu_gemm: oneDNN linear inside an at::parallel_for region (train.cpu_
       require_close(gws[i], gw, 1e-5);
     }
   }
+}
+
+TEST_CASE("cpu_gemm: SerialBlasScope makes MKL single-threaded on this thread, nests, restores, "
+          "and changes no product", "[unit][gemm]") {
+  if (!serial_blas_scope_available()) MMPOST_SKIP("this LibTorch exports no MKL thread control");
+  using GetMax = int (*)();
+  const auto mkl_max = reinterpret_cast<GetMax>(dlsym(RTLD_DEFAULT, "MKL_Get_Max_Threads"));
+  REQUIRE(mkl_max != nullptr);
+  struct Threads {  // two intra-op threads (the test binary runs with one), restored after
+    int saved = at::get_num_threads();
+    Threads() { at::set_num_threads(2); }
+    ~Threads() { at::set_num_threads(saved); }
+  } threads;
+  const int before = mkl_max();
+  REQUIRE(before == 2);  // at::set_num_threads sets MKL's count too
+  {
+    SerialBlasScope outer;
+    REQUIRE(mkl_max() == 1);
+    {
+      SerialBlasScope inner;
+      REQUIRE(mkl_max() == 1);
+    }
+    REQUIRE(mkl_max() == 1);  // the inner scope restored the outer one's setting, not the global
+  }
+  REQUIRE(mkl_max() == before);
+  // Inside a parallel region (as the shards run) MKL is single-threaded either way: the scope only
+  // skips its nested one-thread OpenMP team, so the products are bit for bit the same.
+  torch::manual_seed(5);
+  auto a = torch::randn({96, 33}), b = torch::randn({33, 384}), at_ = torch::randn({384, 96});
+  const int64_t n = 2;
+  std::vector<torch::Tensor> plain(n), scoped(n), plain_t(n), scoped_t(n);
+  std::vector<int> in_region(n);
+  at::parallel_for(0, n, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) {
+      in_region[i] = at::in_parallel_region() ? 1 : 0;
+      plain[i] = at::mm(a, b);
+      plain_t[i] = at::mm(at_.t(), b.t());  // transposed operands: another MKL path
+      SerialBlasScope serial;
+      scoped[i] = at::mm(a, b);
+      scoped_t[i] = at::mm(at_.t(), b.t());
+    }
+  });
+  for (int64_t i = 0; i < n; ++i) {
+    REQUIRE(in_region[i] == 1);
+    REQUIRE(torch::equal(scoped[i], plain[i]));
+    REQUIRE(torch::equal(scoped_t[i], plain_t[i]));
+  }
+  REQUIRE(torch::allclose(plain[0], at::mm(a.to(torch::kFloat64), b.to(torch::kFloat64)).to(torch::kFloat32),
+                          1e-4, 1e-4));
 }
 
 TEST_CASE("cpu_gemm: the oneDNN linear's 3-D output can be modified in place", "[unit][gemm]") {

@@ -4,6 +4,8 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -107,6 +109,18 @@ CpuGemm resolve_auto() {
   return !v.empty() && v != "GenuineIntel" ? CpuGemm::kOneDnn : CpuGemm::kBlas;
 }
 
+/// oneMKL's `int MKL_Set_Num_Threads_Local(int nt)` (mkl_service.h; mkl_set_num_threads_local
+/// is the macro users write): sets the calling thread's MKL thread count, returns the previous
+/// one (0 = none, the global count applied); nt = 0 drops the thread's own setting. The
+/// lower-case symbol of the same name in LibTorch is the Fortran entry (takes int*), not this.
+using MklSetNumThreadsLocal = int (*)(int);
+
+MklSetNumThreadsLocal mkl_set_local() {
+  static const auto fn =
+      reinterpret_cast<MklSetNumThreadsLocal>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
+  return fn;
+}
+
 std::atomic<int> g_choice{static_cast<int>(CpuGemm::kAuto)};
 
 }  // namespace
@@ -125,6 +139,16 @@ std::string cpu_gemm_name(CpuGemm g) {
     default: return "auto";
   }
 }
+
+SerialBlasScope::SerialBlasScope() {
+  if (auto fn = mkl_set_local()) previous_ = fn(1);
+}
+
+SerialBlasScope::~SerialBlasScope() {
+  if (auto fn = mkl_set_local()) fn(previous_);
+}
+
+bool serial_blas_scope_available() { return mkl_set_local() != nullptr; }
 
 bool onednn_gemm_available() { return linear_op() != nullptr; }
 

@@ -49,6 +49,28 @@ bool onednn_gemm_available();
 /// The CPU vendor string from cpuid ("GenuineIntel", "AuthenticAMD", ...; "" off x86-64).
 std::string cpu_vendor();
 
+/// While alive, Intel MKL runs single-threaded on the calling thread, without opening an OpenMP
+/// region of its own (oneMKL's documented mkl_set_num_threads_local, C name
+/// MKL_Set_Num_Threads_Local, found at run time in the loaded LibTorch; a no-op where LibTorch has
+/// no MKL). For code that already runs one task per thread inside a parallel region
+/// (train.cpu_shards): there MKL otherwise opens a nested one-thread OpenMP team per call, and
+/// libgomp ends each team's barrier with a futex wake system call, thousands per digits step
+/// (ATen's flash attention calls MKL per block). The destructor restores the thread's previous
+/// setting. Results are bit-identical (the same sequential kernels run either way).
+class SerialBlasScope {
+ public:
+  SerialBlasScope();
+  ~SerialBlasScope();
+  SerialBlasScope(const SerialBlasScope&) = delete;
+  SerialBlasScope& operator=(const SerialBlasScope&) = delete;
+
+ private:
+  int previous_ = 0;  // the thread's local MKL thread count before (0: the global one applied)
+};
+
+/// Whether SerialBlasScope can act (LibTorch exports MKL's thread-local setting).
+bool serial_blas_scope_available();
+
 /// nn.Linear (named apart from at::linear, which argument-dependent lookup would also find):
 /// y = x W^T + b. x [..., in], weight [out, in], bias [out] or none -> [..., out].
 /// On CPU with float32 x, weight and bias, outside autocast, and cpu_gemm() == kOneDnn, the

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <exception>
+#include <optional>
 
 #include "mmpost/core/check.h"
+#include "mmpost/core/cpu_gemm.h"
 
 namespace mmpost::train {
 
@@ -56,6 +58,9 @@ void run_concurrently(int64_t n, const std::function<void(int64_t)>& fn) {
   const at::ThreadLocalState state;  // grad mode, autocast, ... of the calling thread
   auto body = [&](int64_t begin, int64_t end) {
     at::ThreadLocalStateGuard guard(state);
+    // One shard per thread, each single-threaded inside: MKL must not open nested OpenMP teams.
+    std::optional<SerialBlasScope> serial_blas;
+    if (n > 1) serial_blas.emplace();
     for (int64_t s = begin; s < end; ++s) {
       try {
         fn(s);
