@@ -289,7 +289,6 @@ TEST_CASE("truncated marks rows that used the whole budget without EOS", "[unit]
   }
 }
 
-
 TEST_CASE("behaviour log-probs recorded at sampling time equal the training forward's at any "
           "temperature", "[unit][model]") {
   // Tracker kind: behaviour log-probs computed without the sampling temperature while the update
