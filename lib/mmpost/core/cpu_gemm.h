@@ -56,7 +56,7 @@ std::string cpu_vendor();
 /// (train.cpu_shards): there MKL otherwise opens a nested one-thread OpenMP team per call, and
 /// libgomp ends each team's barrier with a futex wake system call, thousands per digits step
 /// (ATen's flash attention calls MKL per block). The destructor restores the thread's previous
-/// setting. Results are bit-identical (the same sequential kernels run either way).
+/// setting. Results are bit-identical (the same sequential kernels run either way). Never throws.
 class SerialBlasScope {
  public:
   SerialBlasScope();
@@ -68,7 +68,7 @@ class SerialBlasScope {
   int previous_ = 0;  // the thread's local MKL thread count before (0: the global one applied)
 };
 
-/// Whether SerialBlasScope can act (LibTorch exports MKL's thread-local setting).
+/// Whether SerialBlasScope can act (LibTorch exports MKL's thread-local setting). Never throws.
 bool serial_blas_scope_available();
 
 /// nn.Linear (named apart from at::linear, which argument-dependent lookup would also find):
