@@ -248,7 +248,8 @@ def main():
     w("Configs: **digits** = recipes/digits-sft.json's model (CLIP 3x96 at 8 px / patch 4, Llama "
       "2x128, vocab 512), batch 32, 60 steps, windows of 10 (20 steps with windows of 5 before 2026-12-07 05:50). **100m** = scripts/bench/sft-100m.json "
       "(CLIP 4 layers x 512 at 64 px / patch 8 = 64 patches, Llama 12 layers x 768, MLP 2048, "
-      "12 heads, vocab 512), batch 2, 8 steps, windows of 2.\n")
+      "12 heads, vocab 512), batch 2, 16 steps, windows of 2 (8 steps before 2026-12-07 20:00, so that "
+      "each run's median rests on 7 windows instead of 3).\n")
     L.extend(kept_notes(a.keep_from, "sft"))
     w("")
 

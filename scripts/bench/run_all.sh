@@ -89,7 +89,7 @@ COMMON_SET=(train.save_every_n_steps=0 train.eval_every_n_steps=0 'data.eval=""'
 REF_TCMALLOC="${REF_TCMALLOC-$( (ldconfig -p 2>/dev/null || true) | awk '/libtcmalloc_minimal\.so\.4 /{p = $NF} END {print p}')}"
 declare -A RECIPE=([digits]=recipes/digits-sft.json [100m]=scripts/bench/sft-100m.json)
 declare -A SETS=([digits]="train.max_steps=60 train.log_every_n_steps=10"
-                 [100m]="train.batch_size=2 train.max_steps=8 train.log_every_n_steps=2")
+                 [100m]="train.batch_size=2 train.max_steps=16 train.log_every_n_steps=2")
 for cfg in digits 100m; do
   for r in $(seq "$SFT_REPEATS"); do
     d="$OUT/sft-$cfg-$r"
