@@ -9,7 +9,8 @@
 #             plain PyTorch AdamW loop over transformers' model, scripts/bench/ref_smollm2.py).
 # The pairs run interleaved (mmpost, transformers, mmpost, ...) REPEATS times in this one
 # invocation; the ratio is taken pair by pair and the median printed, with each side's
-# in-process throughput (model loading excluded) and whole-process wall time.
+# in-process throughput (model loading excluded), whole-process wall time and peak RSS
+# (GNU time's maximum resident set size of each process).
 # Usage: bash scripts/bench/smollm2.sh      (about 10 minutes on 2 cores)
 # Env: REPEATS (3), THREADS (2), STEPS (10), BENCH_OUT (/tmp/mmpost-bench-smollm2)
 set -euo pipefail
@@ -22,6 +23,9 @@ OUT=${BENCH_OUT:-/tmp/mmpost-bench-smollm2}
 LR=1e-5
 source "$ROOT/scripts/bench/smollm2_common.sh"
 now() { date +%s.%N; }
+TIME=/usr/bin/time
+[[ -x "$TIME" ]] || { echo "needs GNU time: apt-get install time" >&2; exit 2; }
+rss_mb() { awk -F: '/Maximum resident set size/ {printf "%.1f", $2 / 1024}' "$1"; }  # GNU time -v file -> MB
 rows="$OUT/rows.jsonl"
 "$PY" -c 'import sys; sys.path.insert(0, "scripts/parity"); import smollm2_tokenizer as t; open(sys.argv[1], "w", encoding="utf-8").write("".join(t.debian_text(3_000_000)))' "$OUT/corpus.txt"
 for r in $(seq 1 "$REPEATS"); do
@@ -31,24 +35,24 @@ for r in $(seq 1 "$REPEATS"); do
   echo "{\"bench\": \"tokenize\", \"mmpost\": $mm, \"ref\": $ref}" >> "$rows"
   # generate
   t0=$(now)
-  "$MMPOST" generate --model "$OUT/vlm" --data "$DATA" --temperature 0 --max-new-tokens 32 \
+  $TIME -v -o "$OUT/gen.mm.time" "$MMPOST" generate --model "$OUT/vlm" --data "$DATA" --temperature 0 --max-new-tokens 32 \
     --batch-size 8 > "$OUT/gen.jsonl" 2> "$OUT/gen.err"
   t1=$(now)
   mm=$(grep -o '[0-9.]* tokens/s' "$OUT/gen.err" | tail -1 | cut -d' ' -f1)
-  ref=$(OMP_NUM_THREADS=$THREADS "$PY" scripts/bench/ref_smollm2.py generate --model "$OUT/vlm" \
+  ref=$(OMP_NUM_THREADS=$THREADS $TIME -v -o "$OUT/gen.ref.time" "$PY" scripts/bench/ref_smollm2.py generate --model "$OUT/vlm" \
           --data "$DATA" --threads "$THREADS")
   t2=$(now)
-  echo "{\"bench\": \"generate\", \"mmpost_tok_s\": $mm, \"mmpost_wall_s\": $(awk "BEGIN{print $t1 - $t0}"), \"ref\": $ref, \"ref_wall_s\": $(awk "BEGIN{print $t2 - $t1}")}" >> "$rows"
+  echo "{\"bench\": \"generate\", \"mmpost_tok_s\": $mm, \"mmpost_wall_s\": $(awk "BEGIN{print $t1 - $t0}"), \"ref\": $ref, \"ref_wall_s\": $(awk "BEGIN{print $t2 - $t1}"), \"mmpost_rss_mb\": $(rss_mb "$OUT/gen.mm.time"), \"ref_rss_mb\": $(rss_mb "$OUT/gen.ref.time")}" >> "$rows"
   # sft
   t0=$(now)
   rm -rf "$OUT/sft"
-  "$MMPOST" sft --recipe "$OUT/sft.json" --output "$OUT/sft" --no-resume >/dev/null 2> "$OUT/sft.err"
+  $TIME -v -o "$OUT/sft.mm.time" "$MMPOST" sft --recipe "$OUT/sft.json" --output "$OUT/sft" --no-resume >/dev/null 2> "$OUT/sft.err"
   t1=$(now)
   mm=$("$PY" -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1]) if "loss" in l][1:]; print(sum(x["tokens_per_s"] for x in r)/len(r))' "$OUT/sft/metrics.jsonl")
-  ref=$(OMP_NUM_THREADS=$THREADS "$PY" scripts/bench/ref_smollm2.py sft --model "$OUT/vlm" \
+  ref=$(OMP_NUM_THREADS=$THREADS $TIME -v -o "$OUT/sft.ref.time" "$PY" scripts/bench/ref_smollm2.py sft --model "$OUT/vlm" \
           --data "$DATA" --threads "$THREADS" --steps "$STEPS")
   t2=$(now)
-  echo "{\"bench\": \"sft\", \"mmpost_tok_s\": $mm, \"mmpost_wall_s\": $(awk "BEGIN{print $t1 - $t0}"), \"ref\": $ref, \"ref_wall_s\": $(awk "BEGIN{print $t2 - $t1}")}" >> "$rows"
+  echo "{\"bench\": \"sft\", \"mmpost_tok_s\": $mm, \"mmpost_wall_s\": $(awk "BEGIN{print $t1 - $t0}"), \"ref\": $ref, \"ref_wall_s\": $(awk "BEGIN{print $t2 - $t1}"), \"mmpost_rss_mb\": $(rss_mb "$OUT/sft.mm.time"), \"ref_rss_mb\": $(rss_mb "$OUT/sft.ref.time")}" >> "$rows"
   echo "[bench $(date +%T)] repeat $r/$REPEATS done" >&2
 done
 "$PY" - "$rows" <<'PY'
@@ -68,6 +72,10 @@ for b, key in (("generate", "new_tokens_per_s"), ("sft", "tokens_per_s")):
     print(f"| {b}: {unit} | {statistics.median(mm):.1f} | {statistics.median(ref):.1f} | {ratio:.2f}x |")
     print(f"| {b}: whole-process wall s (incl. start-up, load) | {statistics.median(r['mmpost_wall_s'] for r in rs):.1f} | "
           f"{statistics.median(r['ref_wall_s'] for r in rs):.1f} | {wall:.2f}x |")
+    rss = statistics.median(r["mmpost_rss_mb"] / r["ref_rss_mb"] for r in rs)
+    print(f"| {b}: peak RSS MB (whole process; last column mmpost / transformers) | "
+          f"{statistics.median(r['mmpost_rss_mb'] for r in rs):.0f} | "
+          f"{statistics.median(r['ref_rss_mb'] for r in rs):.0f} | {rss:.2f} |")
 mm = [r["mmpost"]["tokens_per_s"] for r in tk]
 one = [r["ref"]["tokens_per_s"] for r in tk]
 bat = [r["ref"]["batch_tokens_per_s"] for r in tk]

@@ -172,6 +172,39 @@ TEST_CASE("safetensors: aligned tensors alias the mapping, misaligned ones are c
   CHECK(torch::equal(f.tensor("x"), torch::tensor({1.5f, -2.25f})));
 }
 
+// This process's resident set (kB), /proc/self/status "VmRSS:"; -1 when unreadable.
+int64_t vm_rss_kb() {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  return -1;
+}
+
+TEST_CASE("safetensors: release_mapped_pages drops a loaded tensor's pages and keeps its values",
+          "[unit][io]") {
+  TempDir tmp;
+  const fs::path file = tmp.path / "big.safetensors";
+  const auto big = torch::arange(int64_t{4} << 20, torch::kFloat32);  // 16 MiB
+  const auto small = torch::arange(5, torch::kFloat32);
+  mmpost::io::save_safetensors(file, {{"big", big}, {"small", small}});
+  auto loaded = mmpost::io::load_safetensors(file);
+  const torch::Tensor& t = loaded.at("big");
+  CHECK(torch::equal(t, big));  // every page of it read: resident now
+  const int64_t before = vm_rss_kb();
+  REQUIRE(before > 0);
+  mmpost::io::release_mapped_pages(t);
+  const int64_t after = vm_rss_kb();
+  CHECK(before - after >= 12 * 1024);  // at least 12 of its 16 MiB left the resident set
+  CHECK(torch::equal(t, big));                     // its bytes read back from the file
+  CHECK(torch::equal(loaded.at("small"), small));  // the neighbour sharing its last page is intact
+  // Heap memory is never advised: a copy (and an undefined tensor) are left alone.
+  auto heap = big.clone();
+  mmpost::io::release_mapped_pages(heap);
+  mmpost::io::release_mapped_pages(torch::Tensor());
+  CHECK(torch::equal(heap, big));
+}
+
 TEST_CASE("safetensors: sharded save and load equal the original", "[unit][io]") {
   TempDir tmp;
   std::map<std::string, torch::Tensor> tensors;

@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -137,13 +138,49 @@ void check_no_overlap(const fs::path& file,
 
 }  // namespace
 
+namespace {
+// Address ranges [begin, end) of the live mappings, for release_mapped_pages.
+std::mutex& mapping_registry_mutex() {
+  static std::mutex m;
+  return m;
+}
+std::map<uintptr_t, uintptr_t>& mapping_registry() {
+  static std::map<uintptr_t, uintptr_t> ranges;
+  return ranges;
+}
+}  // namespace
+
 struct SafetensorsFile::Mapping {
   void* addr = nullptr;
   size_t size = 0;
+  void publish() {
+    std::lock_guard<std::mutex> lock(mapping_registry_mutex());
+    mapping_registry()[reinterpret_cast<uintptr_t>(addr)] = reinterpret_cast<uintptr_t>(addr) + size;
+  }
   ~Mapping() {
-    if (addr != nullptr) ::munmap(addr, size);
+    if (addr == nullptr) return;
+    std::lock_guard<std::mutex> lock(mapping_registry_mutex());
+    mapping_registry().erase(reinterpret_cast<uintptr_t>(addr));
+    ::munmap(addr, size);
   }
 };
+
+void release_mapped_pages(const torch::Tensor& t) {
+  if (!t.defined() || !t.device().is_cpu() || !t.has_storage() || t.storage().nbytes() == 0)
+    return;
+  const auto begin = reinterpret_cast<uintptr_t>(t.storage().data());
+  const uintptr_t end = begin + t.storage().nbytes();
+  std::lock_guard<std::mutex> lock(mapping_registry_mutex());
+  const auto& ranges = mapping_registry();
+  auto it = ranges.upper_bound(begin);  // the first mapping starting after begin
+  if (it == ranges.begin()) return;
+  --it;
+  if (end > it->second) return;  // not inside one mapping: heap memory, never advised
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = (begin + page - 1) / page * page;  // whole pages only: neighbours keep theirs
+  const uintptr_t last = end / page * page;
+  if (last > first) ::madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
 
 SafetensorsFile::SafetensorsFile(const fs::path& file) : path_(file) {
   int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
@@ -172,6 +209,7 @@ SafetensorsFile::SafetensorsFile(const fs::path& file) : path_(file) {
     throw Error(ErrorKind::kRuntime, file.string() + ": mmap failed: " + std::strerror(err));
   mapping_->addr = addr;
   mapping_->size = file_size;
+  mapping_->publish();
 
   const auto* bytes = static_cast<const char*>(addr);
   uint64_t header_len = 0;

@@ -86,6 +86,15 @@ SafetensorsContents read_safetensors(const std::filesystem::path& file_or_hf_dir
 /// read_safetensors(file_or_hf_dir).tensors.
 std::map<std::string, torch::Tensor> load_safetensors(const std::filesystem::path& file_or_hf_dir);
 
+/// For loaders, after the last use of a tensor read_safetensors / SafetensorsFile returned: when
+/// `t`'s storage lies inside a live file mapping of theirs, drops the whole pages of that storage
+/// from this process's resident set (madvise MADV_DONTNEED on the private mapping). The bytes read
+/// back from the file on the next access; an in-place change made to them is lost. So loading a
+/// model copies one tensor's pages at a time and its peak RSS is the model plus one tensor, not
+/// the model plus the whole file (what transformers' loading reaches too). A no-op for any other
+/// tensor (heap, copies, non-CPU). Never throws.
+void release_mapped_pages(const torch::Tensor& t);
+
 /// Writes `tensors` to `file` atomically (temp "<file>.tmp.<pid>", fsync, rename). Tensors may
 /// live on any device, any layout: each is copied to contiguous CPU memory one at a time while
 /// writing. The header is padded with spaces so the data buffer starts 8-byte aligned; tensors are

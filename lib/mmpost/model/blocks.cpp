@@ -100,7 +100,7 @@ torch::Tensor causal_bias(const torch::Tensor& attention_mask, int64_t n_new,
   auto allowed = (k_pos <= q_pos).unsqueeze(0) & attention_mask.ne(0).unsqueeze(1);
   // Packed rows: a token sees its own sample only (padding queries keep the plain rule).
   auto q_seg = attention_mask.narrow(1, n_past, n_new).unsqueeze(2);  // [B, T, 1]
-  allowed = allowed & (attention_mask.unsqueeze(1) == q_seg | q_seg.eq(0));
+  allowed = allowed & ((attention_mask.unsqueeze(1) == q_seg) | q_seg.eq(0));
   // CPU: -inf, which the CPU flash kernel skips cheaply (a finite lowest value sends every masked
   // block through libm's underflow path: the attention forward + backward took 13 % longer at the
   // digits shapes) and which it (and ATen's math path, through _safe_softmax) turns into a zero
