@@ -204,6 +204,7 @@ int run_generate(GenerateArgs a) {
   // ---- loop: batch -> repeat G times -> generate -> one JSON line per completion -----------
   torch::NoGradGuard no_grad;
   Progress progress("generate", total);
+  progress.update(0);  // starts its clock here: tokens/s below covers every batch, the first too
   const int64_t G = a.num_generations;
   int64_t n_prompts = 0, n_completions = 0, n_tokens = 0;
   while (true) {

@@ -211,6 +211,37 @@ TEST_CASE("a resumed run survives pruning of the checkpoint it resumed from", "[
   CHECK(read_all(straight / "tokenizer.model") == read_all(twice / "tokenizer.model"));
 }
 
+TEST_CASE("resuming with another model.config is refused, other changed settings are logged",
+          "[e2e][run]") {
+  // The checkpoint's weights and config.json resume, whatever the recipe says: a recipe that
+  // described another model used to be recorded in recipe.json and silently not applied.
+  TempDir dir("run_changed");
+  auto run = dir.path / "run";
+  const std::string args = "sft -r recipes/tiny/sft-tiny.json --set data.eval= "
+                           "--set train.save_every_n_steps=2 --output " + run.string() + " ";
+  auto r = run_cli(args + "--set train.max_steps=2", dir.path / "log_a");
+  REQUIRE(r.code == 0);
+  const std::string recipe_before = read_all(run / "recipe.json");
+  r = run_cli(args + "--set train.max_steps=4 --set model.config.text_config.rms_norm_eps=0.001",
+              dir.path / "log_b");
+  INFO(r.err);
+  CHECK(r.code == 2);
+  CHECK_THAT(r.err, HasSubstr("resuming would keep the checkpoint's model, but the recipe "
+                              "describes another one:\n  model.config.text_config.rms_norm_eps: "));
+  CHECK_THAT(r.err, HasSubstr("-> 0.001"));
+  CHECK(read_all(run / "recipe.json") == recipe_before);  // nothing recorded
+  CHECK_FALSE(fs::exists(run / "step_000004"));
+  // An optimizer setting may change (it applies from the resumed step on): logged, then run.
+  r = run_cli(args + "--set train.max_steps=4 --set optim.lr=0.0005", dir.path / "log_c");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK_THAT(r.err, HasSubstr("with settings changed since the run started (applied from here "
+                              "on):\n  optim.lr: "));
+  CHECK_THAT(r.err, HasSubstr("-> 0.0005"));
+  CHECK_THAT(r.err, !HasSubstr("train.max_steps:"));  // a larger max_steps is how runs continue
+  CHECK(fs::exists(run / "step_000004" / "DONE"));
+}
+
 TEST_CASE("a finished run is left untouched when rerun", "[e2e][run]") {
   TempDir dir("run_finished");
   auto run = dir.path / "run";

@@ -508,4 +508,47 @@ TEST_CASE("validation pass: every bad record in file order, capped, whatever the
   fs::remove_all(dir);
 }
 
+TEST_CASE("no record to train on: an empty or blank file, or every record bad, is refused",
+          "[unit][data]") {
+  // Before: sft/dpo/rm on an empty file spun forever (each epoch ended at once) and ignored
+  // SIGTERM; now the validation pass and the loader both refuse it, naming the file.
+  const fs::path dir = fs::temp_directory_path() / ("mmpost_empty_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const fs::path empty = dir / "empty.jsonl", blank = dir / "blank.jsonl", bad = dir / "bad.jsonl";
+  { std::ofstream out(empty); }
+  { std::ofstream out(blank); out << "\n\n  \n"; }
+  { std::ofstream out(bad); out << "{broken\n{\"n\": 3}\n"; }
+  auto check = [&](const nlohmann::json& r, int64_t line) {
+    MMPOST_CHECK_DATA(r.contains("ok"), bad.string(), ":", line, ": no ok");
+  };
+  for (const auto& f : {empty, blank}) {
+    for (bool skip : {false, true}) {
+      try {
+        validate_before_training(f.string(), check, skip, 1, "test");
+        FAIL("no error for " << f);
+      } catch (const Error& e) {
+        CHECK(e.kind() == ErrorKind::kData);
+        CHECK(e.message() == f.string() + ": no records (the file is empty or holds only blank lines)");
+      }
+    }
+  }
+  try {
+    validate_before_training(bad.string(), check, /*skip_bad=*/true, 1, "test");
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.message().rfind(bad.string() + ": all 2 records are bad", 0) == 0);
+  }
+  // The loader itself, with repeat: the first batch throws instead of looping over empty epochs.
+  LoaderOptions lo;
+  lo.path = empty.string();
+  lo.batch_size = 2;
+  lo.repeat = true;
+  StreamingLoader<int> loader(lo, [](const nlohmann::json&, int64_t) { return 0; });
+  CHECK_THROWS_WITH(loader.next_batch(), Catch::Matchers::Contains("no records"));
+  lo.repeat = false;  // without repeat an empty file is just no batch (eval, generate)
+  StreamingLoader<int> once(lo, [](const nlohmann::json&, int64_t) { return 0; });
+  CHECK_FALSE(once.next_batch().has_value());
+  fs::remove_all(dir);
+}
+
 }  // namespace unit_test_data

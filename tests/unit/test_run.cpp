@@ -6,16 +6,19 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "catch.h"
 #include "mmpost/algo/kl.h"
 #include "mmpost/algo/policy_gradient.h"
 #include "mmpost/config/recipe.h"
 #include "mmpost/config/schema.h"
+#include "mmpost/core/log.h"
 #include "mmpost/core/names.h"
 #include "mmpost/data/tokenizer.h"
 #include "mmpost/io/checkpoint.h"
@@ -260,6 +263,24 @@ TEST_CASE("Checkpointer: atomic folders, one save per step, tokenizer from memor
   ck.export_final();
   CHECK(read_all(out / "model.safetensors") == read_all(last / "model.safetensors"));
   CHECK(fs::exists(out / train::kValueHeadFile));
+}
+
+TEST_CASE("Progress: elapsed_s runs from the first update, so update(0) before a loop times all of it",
+          "[unit][run]") {
+  // generate divides all its tokens by elapsed_s(): without update(0) before its loop the clock
+  // started after the first batch, and a one-batch run reported millions of tokens/s.
+  mmpost::Progress from_zero("t", 2);
+  from_zero.update(0);
+  mmpost::Progress from_first("t", 2);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));  // the first "batch"
+  from_zero.update(1);
+  from_first.update(1);
+  CHECK(from_zero.elapsed_s() >= 0.06);
+  CHECK(from_first.elapsed_s() < from_zero.elapsed_s());
+  // A resumed prefix (first update at 1 of 2) counts as neither work nor time in the ETA.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  CHECK(from_first.eta_s() == 0.0);  // no work done by this process yet: unknown
+  CHECK(from_zero.eta_s() > 0.0);
 }
 
 }  // namespace unit_test_run

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -118,6 +119,9 @@ void JsonReader::read_value(const nlohmann::json& v, std::vector<std::string>& f
 }
 
 nlohmann::json read_json_file(const std::string& path) {
+  std::error_code ec;
+  MMPOST_CHECK_USAGE(!std::filesystem::is_directory(path, ec), path,
+                     ": is a folder, not a JSON file");
   std::ifstream in(path);
   MMPOST_CHECK_USAGE(in.good(), path, ": cannot open file");
   try {

@@ -85,6 +85,11 @@ ValidationReport validate_before_training(
   std::snprintf(secs, sizeof secs, "%.1f", r.seconds);
   log_info(what + ": checked " + std::to_string(r.n_records) + " records of " +
            io::display_name(path) + " in " + secs + " s: " + std::to_string(r.n_bad) + " bad");
+  if (r.n_records == 0) {
+    throw Error(ErrorKind::kData,
+                io::display_name(path) + ": no records (the file is empty or holds only blank lines)",
+                "training needs at least one record: check data.train");
+  }
   if (r.n_bad == 0) return r;
   std::string list;
   for (const auto& e : r.errors) list += "\n  " + e;
@@ -97,6 +102,12 @@ ValidationReport validate_before_training(
                 io::display_name(path) + ": " + std::to_string(r.n_bad) + " of " +
                     std::to_string(r.n_records) + " records are bad (found before training):" + list,
                 "fix the records, or skip them and count them (data.on_bad_sample=skip)");
+  }
+  if (r.n_bad == r.n_records) {
+    throw Error(ErrorKind::kData,
+                io::display_name(path) + ": all " + std::to_string(r.n_records) +
+                    " records are bad (found before training), nothing to train on:" + list,
+                "fix the records (data.on_bad_sample=skip only skips some)");
   }
   log_warn(what + ": " + std::to_string(r.n_bad) + " of " + std::to_string(r.n_records) +
            " records will be skipped (data.on_bad_sample=skip):" + list);

@@ -135,8 +135,8 @@ class StreamingLoader {
   /// window of an epoch may be short, and a rank's share of it may be empty: an empty vector
   /// (the rank still takes the step, contributing no sample). With repeat the next call starts
   /// the next epoch; otherwise std::nullopt once the data is exhausted. Throws Error(kData) for a
-  /// bad record unless skip_bad, and Error(kData) if every record this rank owned in an epoch was
-  /// bad.
+  /// bad record unless skip_bad, Error(kData) with repeat when the data holds no record at all,
+  /// and Error(kData) if every record this rank owned in an epoch was bad.
   std::optional<std::vector<Sample>> next_batch() {
     std::vector<Sample> batch;
     while (true) {
@@ -179,6 +179,11 @@ class StreamingLoader {
                                           std::to_string(cursor_.epoch) + " (" +
                                           std::to_string(n_skipped_) + " skipped)");
       }
+      // No record at all (every rank sees the global count): with repeat, the next epoch would
+      // end at once too, forever.
+      if (total_seq_ == 0 && opts_.repeat)
+        throw Error(ErrorKind::kData, opts_.path + ": no records (the file is empty or holds "
+                                                   "only blank lines)");
       const bool window_had_records = w0 < total_seq_;
       ++cursor_.epoch;
       cursor_.consumed = 0;
@@ -470,7 +475,9 @@ ValidationReport validate_records(const std::string& path,
 /// Runs validate_records on `path` and acts on it before step 1: logs the pass ("N records
 /// checked in S s"); with bad records and !skip_bad throws Error(kData) listing every one (up to
 /// max_errors, then "... and K more") with FILE:LINE and the reason; with skip_bad logs how many
-/// records will be skipped and returns the report. `what` names the stage in logs.
+/// records will be skipped and returns the report. `what` names the stage in logs. Also throws
+/// Error(kData) naming the file when it holds no record, or when every record is bad (skip_bad
+/// too): training would have nothing to learn from.
 ValidationReport validate_before_training(
     const std::string& path, const std::function<void(const nlohmann::json&, int64_t)>& check,
     bool skip_bad, int64_t num_workers, const std::string& what, int64_t max_errors = 20);

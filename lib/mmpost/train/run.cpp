@@ -11,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <set>
 #include <sstream>
 
 #include "mmpost/core/check.h"
@@ -89,6 +90,30 @@ void truncate_metrics(const fs::path& file, int64_t step) {
     else dropped = true;
   }
   if (dropped) io::write_text_atomic(file, kept);
+}
+
+
+// Leaves where two recipes differ, as "path: old -> new" (dotted paths; arrays compared whole).
+void recipe_diff(const nlohmann::json& before, const nlohmann::json& after, const std::string& path,
+                 std::vector<std::pair<std::string, std::string>>& out) {
+  if (before.is_object() && after.is_object()) {
+    std::set<std::string> keys;
+    for (const auto& [k, v] : before.items()) keys.insert(k);
+    for (const auto& [k, v] : after.items()) keys.insert(k);
+    for (const auto& k : keys) {
+      const std::string sub = path.empty() ? k : path + "." + k;
+      recipe_diff(before.contains(k) ? before[k] : nlohmann::json(),
+                  after.contains(k) ? after[k] : nlohmann::json(), sub, out);
+    }
+    return;
+  }
+  if (before != after) {
+    auto shown = [](const nlohmann::json& v) {
+      std::string t = v.is_null() ? "(absent)" : v.dump();
+      return t.size() > 60 ? t.substr(0, 57) + "..." : t;
+    };
+    out.emplace_back(path, shown(before) + " -> " + shown(after));
+  }
 }
 
 }  // namespace
@@ -185,6 +210,8 @@ Run::Run(std::string stage, const config::CommonConfig& cfg, bool allow_resume)
   std::error_code ec;
   std::string resume_from;
   if (is_main()) {
+    MMPOST_CHECK_USAGE(!fs::exists(out_, ec) || fs::is_directory(out_, ec), out_.string(),
+                       ": exists and is not a folder; --output names the run's folder");
     fs::create_directories(out_, ec);
     MMPOST_CHECK(!ec, out_.string(), ": cannot create the output folder: ", ec.message());
     lock_fd_ = take_lock(out_ / kLockFile, out_);
@@ -244,9 +271,43 @@ int Run::report_already_finished() {
   return 0;
 }
 
+void Run::check_resumed_recipe(const nlohmann::json& recipe) const {
+  nlohmann::json previous;
+  try {
+    previous = nlohmann::json::parse(std::ifstream(*ckpt_ / "state.json")).at("recipe");
+  } catch (const nlohmann::json::exception&) {
+    return;  // an older checkpoint without its recipe: nothing to compare
+  }
+  std::vector<std::pair<std::string, std::string>> diffs;
+  recipe_diff(previous, recipe, "", diffs);
+  std::string fixed, changed;
+  for (const auto& [key, change] : diffs) {
+    // The checkpoint's weights and config.json define the model that resumes: a recipe that
+    // describes another one would be recorded but never applied.
+    if (key.rfind("model.config.", 0) == 0 || key == "model.config" || key.rfind("lora.", 0) == 0 ||
+        key == "lora") {
+      fixed += "\n  " + key + ": " + change;
+    } else if (key != "train.max_steps" && key != "train.epochs" && key != "output_dir") {
+      changed += "\n  " + key + ": " + change;
+    }
+  }
+  if (!fixed.empty()) {
+    throw Error(ErrorKind::kUsage,
+                ckpt_->string() + ": resuming would keep the checkpoint's model, but the recipe "
+                "describes another one:" + fixed,
+                "resume with the recipe the run started with, or start over (--no-resume, or "
+                "another --output)");
+  }
+  if (!changed.empty()) {
+    log_warn(stage_ + ": resuming " + ckpt_->string() + " with settings changed since the run "
+             "started (applied from here on):" + changed);
+  }
+}
+
 void Run::start(int64_t total_steps, const nlohmann::json& recipe) {
   total_steps_ = total_steps;
   start_step_ = state.step;
+  if (ckpt_) check_resumed_recipe(recipe);  // every rank: each throws alike
   if (!is_main()) return;  // rank 0 writes the recipe and metrics and draws the progress
   io::write_text_atomic(out_ / "recipe.json", recipe.dump(2) + "\n");
   if (ckpt_) {

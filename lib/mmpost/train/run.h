@@ -93,7 +93,11 @@ class Run {
   int report_already_finished();
 
   /// Begins the loop: writes recipe.json, opens metrics.jsonl (rows past the resumed step are
-  /// dropped; a fresh start truncates it), starts progress and ETA at state.step.
+  /// dropped; a fresh start truncates it), starts progress and ETA at state.step. When resuming,
+  /// compares `recipe` with the one the checkpoint recorded: a different model.config or lora
+  /// (the checkpoint's model would resume, not the one described) throws Error(kUsage) listing
+  /// each key with its old and new value; other changes but train.max_steps / train.epochs are
+  /// logged as a warning and applied.
   void start(int64_t total_steps, const nlohmann::json& recipe);
 
   /// True when `every` > 0 divides the current step and the run is not at its last step (the
@@ -136,6 +140,7 @@ class Run {
 
  private:
   nlohmann::json summary(RunEnd end) const;
+  void check_resumed_recipe(const nlohmann::json& recipe) const;
 
   std::string stage_;
   std::filesystem::path out_;
