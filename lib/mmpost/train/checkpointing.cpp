@@ -194,6 +194,7 @@ TrainState read_train_state(const fs::path& dir) {
     s.n_skipped = j.value("n_skipped", int64_t{0});
     s.tokens_seen = j.value("tokens_seen", int64_t{0});
     s.extra = j.value("extra", nlohmann::json::object());
+    s.recipe = j.value("recipe", nlohmann::json());
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw Error(ErrorKind::kRuntime, (dir / "state.json").string() + ": " + e.what());

@@ -32,6 +32,7 @@ struct TrainState {
   int64_t n_skipped = 0;         // bad samples skipped so far
   int64_t tokens_seen = 0;
   nlohmann::json extra = nlohmann::json::object();  // stage-specific counters
+  nlohmann::json recipe;  // read_train_state: the recipe the checkpoint recorded (null if none)
 };
 
 /// What a model folder holds: the VLM, or a reward model (VLM + score head), optionally a PPO

@@ -92,7 +92,6 @@ void truncate_metrics(const fs::path& file, int64_t step) {
   if (dropped) io::write_text_atomic(file, kept);
 }
 
-
 // Leaves where two recipes differ, as "path: old -> new" (dotted paths; arrays compared whole).
 void recipe_diff(const nlohmann::json& before, const nlohmann::json& after, const std::string& path,
                  std::vector<std::pair<std::string, std::string>>& out) {
@@ -272,14 +271,9 @@ int Run::report_already_finished() {
 }
 
 void Run::check_resumed_recipe(const nlohmann::json& recipe) const {
-  nlohmann::json previous;
-  try {
-    previous = nlohmann::json::parse(std::ifstream(*ckpt_ / "state.json")).at("recipe");
-  } catch (const nlohmann::json::exception&) {
-    return;  // an older checkpoint without its recipe: nothing to compare
-  }
+  if (state.recipe.is_null()) return;  // an older checkpoint without its recipe: nothing to compare
   std::vector<std::pair<std::string, std::string>> diffs;
-  recipe_diff(previous, recipe, "", diffs);
+  recipe_diff(state.recipe, recipe, "", diffs);
   std::string fixed, changed;
   for (const auto& [key, change] : diffs) {
     // The checkpoint's weights and config.json define the model that resumes: a recipe that
